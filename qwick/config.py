@@ -1,0 +1,93 @@
+"""Engine settings. Torch-free: the scheduler, KV manager and API process import it.
+
+Names follow vLLM's engine arguments so users can carry their flags over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    num_gpu_blocks: int = 0  # decided by the runner from memory, or num_gpu_blocks_override
+    enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # or "priority": lower `priority` value first, then arrival
+    max_waiting_requests: int | None = None  # the server's queue bound; None: unbounded
+
+
+@dataclass
+class EngineConfig:
+    """Everything `LLM(...)` and `qwick serve` accept, validated in one place."""
+
+    model: str | None = None  # None: the built-in demo model
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gib: float = 4.0  # KV pool size when running on the CPU
+    enforce_eager: bool = False
+    seed: int = 0
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    load_format: str = "auto"  # "auto", "safetensors", "gguf", "dummy"
+    device: str = "auto"  # "auto", "cuda", "cpu"
+    revision: str | None = None
+    trust_remote_code: bool = False
+    scheduling_policy: str = "fcfs"
+    hf_overrides: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            raise ValueError(f"block_size must be a power of two up to 256, got {self.block_size}.")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}."
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
+            )
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError(
+                f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}."
+            )
+        if self.load_format not in ("auto", "safetensors", "gguf", "dummy", "pt"):
+            raise ValueError(
+                f"load_format must be one of auto, safetensors, gguf, dummy, got {self.load_format!r}."
+            )
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp32"):
+            raise ValueError(
+                f"dtype must be one of auto, float32, float16, bfloat16, got {self.dtype!r}."
+            )
+        if self.quantization not in (None, "none"):
+            raise ValueError(f"quantization {self.quantization!r} is not supported yet.")
+        if self.kv_cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported yet.")
+        if self.tensor_parallel_size != 1:
+            raise ValueError("tensor_parallel_size > 1 is not supported yet.")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}."
+            )

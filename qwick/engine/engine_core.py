@@ -1,0 +1,120 @@
+"""The engine core: scheduler + model runner, stepped in a loop. Knows token ids, never text.
+
+The offline `LLM` drives it in-process; the server runs it in its own process behind a message queue.
+Its outputs are plain data (ids, numbers, strings) so they cross a process boundary as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from transformers import PretrainedConfig
+
+from qwick.config import CacheConfig, EngineConfig, SchedulerConfig
+from qwick.core.request import Request, RequestStatus
+from qwick.core.scheduler import Scheduler
+from qwick.runner.model_runner import ModelRunner, TokenLogprobs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs] | None
+    finish_reason: str | None  # "stop", "length", "abort"; None while running
+    stop_reason: int | str | None
+    num_cached_tokens: int
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+
+
+def default_max_num_batched_tokens(config: EngineConfig, max_model_len: int) -> int:
+    if config.max_num_batched_tokens is not None:
+        return config.max_num_batched_tokens
+    return 8192 if config.enable_chunked_prefill else max(8192, max_model_len)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, hf_config: PretrainedConfig, model_path: str | None, max_model_len: int):
+        self.config = config
+        self.max_model_len = max_model_len
+        self.runner = ModelRunner(config, hf_config, model_path, max_model_len)
+        cache_config = CacheConfig(
+            block_size=config.block_size,
+            num_gpu_blocks=self.runner.num_blocks,
+            enable_prefix_caching=config.enable_prefix_caching,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            num_gpu_blocks_override=config.num_gpu_blocks_override,
+        )
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=default_max_num_batched_tokens(config, max_model_len),
+            max_model_len=max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.scheduling_policy,
+        )
+        if not config.enable_chunked_prefill and scheduler_config.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"without chunked prefill, max_num_batched_tokens ({scheduler_config.max_num_batched_tokens}) "
+                f"must be at least max_model_len ({max_model_len})"
+            )
+        self.scheduler = Scheduler(scheduler_config, cache_config)
+        self.num_kv_tokens = (self.runner.num_blocks - 1) * config.block_size
+        self._finished_now: list[Request] = []
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self._finished_now.extend(self.scheduler.abort_requests(request_ids))
+
+    def finish_requests(self, request_ids: list[str]) -> None:
+        """End requests the detokenizer stopped (a stop string matched)."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineCoreOutput]:
+        """Schedule, run the model once, and report what each request got."""
+        outputs = [self._output(r, [], None) for r in self._finished_now]
+        self._finished_now = []
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            return outputs
+        runner_output = self.runner.execute(scheduler_output)
+        sampled = {rid: [tok] for rid, tok in runner_output.sampled_token_ids.items()}
+        updated = self.scheduler.update_from_output(scheduler_output, sampled)
+        now = time.monotonic()
+        for request in updated:
+            if request.first_token_time is None:
+                request.first_token_time = now
+            if request.is_finished and request.finished_time is None:
+                request.finished_time = now
+            new = sampled.get(request.request_id, [])
+            lp = runner_output.logprobs.get(request.request_id)
+            outputs.append(self._output(request, new, [lp] if lp is not None else None))
+        return outputs
+
+    @staticmethod
+    def _output(request: Request, new_tokens: list[int], logprobs: list[TokenLogprobs] | None) -> EngineCoreOutput:
+        if request.is_finished and request.finished_time is None:
+            request.finished_time = time.monotonic()
+        return EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=new_tokens,
+            new_logprobs=logprobs,
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time,
+            finished_time=request.finished_time,
+        )

@@ -1,0 +1,1 @@
+"""User-facing entry points: the offline `LLM` and the `qwick` command line."""

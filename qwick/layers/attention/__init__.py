@@ -1,0 +1,1 @@
+"""Attention: one layer module, pluggable backends (PyTorch reference everywhere, Triton on GPUs)."""

@@ -1,0 +1,101 @@
+"""The attention-backend interface.
+
+A backend does three things: turn the scheduler's rows into metadata once per step (`build_metadata`),
+write a layer's new keys/values into the paged cache, and attend each query to its request's cached
+context through the block table. Metadata is built once and shared by every layer, so per-layer work is
+kernels only. The KV cache of a layer is one tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]`.
+
+CUDA graphs (GPU backends): a decode step is captured once per batch-size bucket; `build_metadata` then
+writes into persistent buffers instead of allocating, and `pad_to` rows point at the null block 0.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionRow:
+    """One row of the step: a run of `num_tokens` new tokens of a request starting at `start_pos`."""
+
+    start_pos: int
+    num_tokens: int
+    block_table: list[int]
+
+    @property
+    def seq_len(self) -> int:
+        return self.start_pos + self.num_tokens
+
+
+@dataclass
+class AttentionMetadata:
+    num_rows: int
+    num_tokens: int
+    block_size: int
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot (block * block_size + offset) of each new token
+    query_start_loc: torch.Tensor  # [num_rows + 1] int32
+    seq_lens: torch.Tensor  # [num_rows] int32: context length after this step
+    block_tables: torch.Tensor  # [num_rows, max_blocks] int32, padded with the null block 0
+    max_query_len: int
+    max_seq_len: int
+    # Host-side copies, for backends that plan work on the CPU.
+    query_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+
+class AttentionBackend(ABC):
+    name: str = "abstract"
+
+    def __init__(self, block_size: int, device: torch.device) -> None:
+        self.block_size = block_size
+        self.device = device
+
+    def build_metadata(self, rows: list[AttentionRow]) -> AttentionMetadata:
+        """Flatten the rows into tensors once per step (the default suits any backend)."""
+        bs = self.block_size
+        slots: list[int] = []
+        for row in rows:
+            table = row.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(row.start_pos, row.seq_len))
+        query_lens = [r.num_tokens for r in rows]
+        seq_lens = [r.seq_len for r in rows]
+        max_blocks = max(((s + bs - 1) // bs for s in seq_lens), default=1)
+        tables = [r.block_table[:max_blocks] + [0] * (max_blocks - min(len(r.block_table), max_blocks))
+                  for r in rows]
+        starts = [0]
+        for q in query_lens:
+            starts.append(starts[-1] + q)
+
+        def to_dev(x: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(x, dtype=dtype, device="cpu").to(self.device, non_blocking=True)
+
+        return AttentionMetadata(
+            num_rows=len(rows),
+            num_tokens=starts[-1],
+            block_size=bs,
+            slot_mapping=to_dev(slots, torch.int64),
+            query_start_loc=to_dev(starts, torch.int32),
+            seq_lens=to_dev(seq_lens, torch.int32),
+            block_tables=to_dev(tables, torch.int32),
+            max_query_len=max(query_lens, default=0),
+            max_seq_len=max(seq_lens, default=0),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+        )
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None,
+    ) -> torch.Tensor:
+        """Write k/v into the cache, then return attention output `[num_tokens, num_heads, head_dim]`."""

@@ -1,0 +1,40 @@
+"""The attention layer a model holds: KV-cache binding and dispatch to the step's backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qwick.forward_context import get_forward_context
+from qwick.layers.attention.backend import AttentionBackend
+
+
+class Attention(nn.Module):
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int | None = None
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+        # Bound by the model runner once the KV pool exists.
+        self.kv_cache: torch.Tensor | None = None
+        self.backend: AttentionBackend | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q/k/v: [tokens, heads * head_dim] (k, v with kv heads) -> [tokens, heads * head_dim]."""
+        if self.kv_cache is None or self.backend is None:
+            raise RuntimeError("attention layer has no KV cache bound; run the model through ModelRunner")
+        tokens = q.shape[0]
+        out = self.backend.forward(
+            q.view(tokens, self.num_heads, self.head_dim),
+            k.view(tokens, self.num_kv_heads, self.head_dim),
+            v.view(tokens, self.num_kv_heads, self.head_dim),
+            self.kv_cache,
+            get_forward_context().attn_metadata,
+            scale=self.scale,
+            sliding_window=self.sliding_window,
+        )
+        return out.view(tokens, self.num_heads * self.head_dim)

@@ -1,0 +1,43 @@
+"""Linear layers whose weights may be packed from several checkpoint tensors.
+
+QKV and gate/up projections are one matmul each: the checkpoint's separate q/k/v (or gate/up) tensors
+are copied into row ranges of one weight at load time (`output_sizes` names the ranges). Quantized weights
+and tensor-parallel shards will plug in here as methods on how the weight is stored and applied, so model
+files never know about them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Module):
+    def __init__(
+        self, input_size: int, output_sizes: int | list[int], bias: bool = False
+    ) -> None:
+        super().__init__()
+        self.output_sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
+        self.input_size = input_size
+        self.output_size = sum(self.output_sizes)
+        self.weight = nn.Parameter(torch.empty(self.output_size, input_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(self.output_size), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int = 0) -> None:
+        """Copy a checkpoint tensor into its shard's rows of `weight` or `bias`."""
+        param = getattr(self, param_name)
+        if param is None:
+            raise ValueError(f"checkpoint has a {param_name} that this layer does not")
+        start = sum(self.output_sizes[:shard])
+        size = self.output_sizes[shard]
+        target = param.data[start : start + size]
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"shape mismatch for {param_name} shard {shard}: checkpoint {tuple(tensor.shape)}, "
+                f"model {tuple(target.shape)}"
+            )
+        target.copy_(tensor)

@@ -1,0 +1,29 @@
+"""RMSNorm, with the residual add fused in (one pass over the hidden state on GPU kernels later)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        # Same arithmetic as transformers: statistics in fp32, scale in the model dtype.
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """`norm(x)`, or with a residual: `(norm(x + residual), x + residual)`."""
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x

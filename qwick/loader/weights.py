@@ -1,0 +1,50 @@
+"""Reading checkpoint tensors: safetensors shards (with a progress bar) and dummy random weights."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+
+def safetensors_files(model_dir: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(
+            f"no *.safetensors weights in {model_dir}; qwick loads safetensors checkpoints, GGUF files, "
+            "or random weights with load_format='dummy'"
+        )
+    return files
+
+
+def iterate_safetensors(model_dir: str, show_progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) over every shard; the bar counts tensors, so big shards show progress too."""
+    files = safetensors_files(model_dir)
+    handles = [safe_open(f, framework="pt") for f in files]
+    total = sum(len(h.keys()) for h in handles)
+    with tqdm(total=total, desc="Loading weights", unit="tensor", disable=not show_progress, leave=False) as bar:
+        for handle in handles:
+            for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                yield name, handle.get_tensor(name)
+                bar.update(1)
+
+
+def fill_dummy_weights(model: torch.nn.Module, seed: int = 0, scale: float = 0.02) -> None:
+    """Random weights at the model's shapes, for benchmarks where no checkpoint exists.
+
+    Norm weights are set to 1 so activations stay well-scaled and the outputs are not degenerate.
+    """
+    generators: dict[torch.device, torch.Generator] = {}
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+            continue
+        if param.device not in generators:  # draw where the weights live: fast on a GPU
+            generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
+        gen = generators[param.device]
+        values = torch.randn(param.shape, generator=gen, dtype=torch.float32, device=param.device)
+        param.data.copy_(values.mul_(scale))

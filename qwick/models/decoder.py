@@ -1,0 +1,213 @@
+"""One decoder-only transformer for the Qwen2 / Qwen2.5 / Qwen3 / Llama family.
+
+The members differ by flags read from their config: QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3),
+o_proj/MLP bias (some Llamas), tied embeddings, sliding-window layers. Inputs are flat: all tokens of the
+step's rows concatenated, with their positions; the attention backend knows which rows they belong to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from qwick.layers.activation import SiluAndMul
+from qwick.layers.attention.layer import Attention
+from qwick.layers.linear import Linear
+from qwick.layers.norm import RMSNorm
+from qwick.layers.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class DecoderFlags:
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int, rotary: RotaryEmbedding):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(config.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=flags.qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=flags.o_bias)
+        if flags.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary = rotary
+        self.attn = Attention(
+            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, _sliding_window(config, layer_idx)
+        )
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q.flatten(1), k.flatten(1), v.contiguous())
+        return self.o_proj(out)
+
+
+def _sliding_window(config: PretrainedConfig, layer_idx: int) -> int | None:
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return config.sliding_window if layer_types[layer_idx] == "sliding_attention" else None
+    if getattr(config, "use_sliding_window", False) and config.sliding_window:
+        return config.sliding_window if layer_idx >= getattr(config, "max_window_layers", 0) else None
+    return None
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, config: PretrainedConfig, flags: DecoderFlags):
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, [inter, inter], bias=flags.mlp_bias)
+        self.down_proj = Linear(inter, config.hidden_size, bias=flags.mlp_bias)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int, rotary: RotaryEmbedding):
+        super().__init__()
+        self.self_attn = DecoderAttention(config, flags, layer_idx, rotary)
+        self.mlp = DecoderMLP(config, flags)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: PretrainedConfig, flags: DecoderFlags, max_len: int):
+        super().__init__()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.rotary = RotaryEmbedding(config, head_dim, max_len)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, flags, i, self.rotary) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class DecoderForCausalLM(nn.Module):
+    """The served model: flat tokens in, hidden states out; `compute_logits` on the rows that sample."""
+
+    flags = DecoderFlags()
+    # checkpoint name fragment -> (our module path fragment, shard index) for packed projections
+    packed = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config: PretrainedConfig, max_len: int) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, self.flags_for(config), max_len)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head.weight.requires_grad_(False)
+        for p in self.parameters():
+            p.requires_grad_(False)
+
+    @classmethod
+    def flags_for(cls, config: PretrainedConfig) -> DecoderFlags:
+        return cls.flags
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight).float()
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors (Hugging Face names) in, packing q/k/v and gate/up. Returns names loaded."""
+        modules = dict(self.named_modules())
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: the embedding serves as the LM head
+            module_name, _, param_name = name.rpartition(".")
+            leaf = module_name.rpartition(".")[2]
+            if leaf in self.packed:
+                target, shard = self.packed[leaf]
+                module_name = module_name[: -len(leaf)] + target
+                module = modules.get(module_name)
+                if not isinstance(module, Linear):
+                    raise ValueError(f"checkpoint tensor {name} has no place in the model")
+                module.load_shard(param_name, tensor, shard)
+                loaded.add(f"{module_name}.{param_name}")
+                continue
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {name} has no place in the model")
+            param = params[name]
+            if tuple(param.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"shape mismatch for {name}: checkpoint {tuple(tensor.shape)}, model {tuple(param.shape)}"
+                )
+            param.data.copy_(tensor)
+            loaded.add(name)
+        return loaded
+
+
+class Qwen2ForCausalLM(DecoderForCausalLM):
+    flags = DecoderFlags(qkv_bias=True)
+
+
+class Qwen3ForCausalLM(DecoderForCausalLM):
+    @classmethod
+    def flags_for(cls, config: PretrainedConfig) -> DecoderFlags:
+        return DecoderFlags(qkv_bias=bool(getattr(config, "attention_bias", False)), qk_norm=True)
+
+
+class LlamaForCausalLM(DecoderForCausalLM):
+    @classmethod
+    def flags_for(cls, config: PretrainedConfig) -> DecoderFlags:
+        bias = bool(getattr(config, "attention_bias", False))
+        return DecoderFlags(qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(config, "mlp_bias", False)))

@@ -1,0 +1,172 @@
+"""The model runner: owns the model, the KV pool and the sampler; turns a SchedulerOutput into tokens.
+
+Per step: flatten the scheduled rows into one token batch (ids, positions, attention metadata), run the
+model once, compute logits only for rows that reach their last token, and sample them in one batched call.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PretrainedConfig
+
+from qwick.config import EngineConfig
+from qwick.core.scheduler_output import SchedulerOutput
+from qwick.forward_context import set_forward_context
+from qwick.layers.attention.backend import AttentionBackend, AttentionRow
+from qwick.layers.attention.torch_ref import TorchAttentionBackend
+from qwick.loader.model_loader import build_model, resolve_dtype
+from qwick.runner.sampler import Sampler, SamplingMetadata
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenLogprobs:
+    """The sampled token's logprob and rank, and the top candidates (token id, logprob), best first."""
+
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class RunnerOutput:
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was requested but no CUDA GPU is available")
+    return torch.device(name)
+
+
+class ModelRunner:
+    def __init__(
+        self, engine_config: EngineConfig, hf_config: PretrainedConfig, model_path: str | None, max_model_len: int
+    ) -> None:
+        self.config = engine_config
+        self.hf_config = hf_config
+        self.device = pick_device(engine_config.device)
+        self.dtype = resolve_dtype(engine_config.dtype, hf_config, self.device)
+        self.max_model_len = max_model_len
+        self.block_size = engine_config.block_size
+        torch.manual_seed(engine_config.seed)
+        self.model = build_model(
+            hf_config,
+            model_path,
+            dtype=self.dtype,
+            device=self.device,
+            max_len=max_model_len,
+            load_format=engine_config.load_format,
+            seed=engine_config.seed,
+        )
+        self.vocab_size = hf_config.vocab_size
+        self.backend: AttentionBackend = TorchAttentionBackend(self.block_size, self.device)
+        self.sampler = Sampler(seed=engine_config.seed)
+        self.num_blocks = self._decide_num_blocks()
+        self._allocate_kv_cache(self.num_blocks)
+
+    # ---- KV pool -------------------------------------------------------------------------------------
+    def kv_bytes_per_block(self) -> int:
+        layers = self.model.attention_layers()
+        per_layer = 2 * self.block_size * layers[0].num_kv_heads * layers[0].head_dim
+        return per_layer * len(layers) * torch.tensor([], dtype=self.dtype).element_size()
+
+    def _decide_num_blocks(self) -> int:
+        if self.config.num_gpu_blocks_override is not None:
+            return self.config.num_gpu_blocks_override
+        per_block = self.kv_bytes_per_block()
+        if self.device.type == "cpu":
+            budget = int(self.config.cpu_kv_cache_gib * 1024**3)
+        else:
+            budget = self._profile_free_gpu_memory()
+        num_blocks = budget // per_block
+        min_blocks = (self.max_model_len + self.block_size - 1) // self.block_size + 1
+        if num_blocks < min_blocks:
+            raise RuntimeError(
+                f"the KV cache fits {num_blocks} blocks of {self.block_size} tokens, fewer than one "
+                f"max_model_len={self.max_model_len} request needs; lower max_model_len or raise the memory budget"
+            )
+        return num_blocks
+
+    def _profile_free_gpu_memory(self) -> int:
+        """Bytes left for the KV cache after a worst-case forward, within gpu_memory_utilization."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        tokens = min(self.config.max_num_batched_tokens or 8192, self.max_model_len)
+        self._allocate_kv_cache(2)
+        with torch.inference_mode():
+            ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+            rows = [AttentionRow(0, tokens, [0] * ((tokens + self.block_size - 1) // self.block_size))]
+            md = self.backend.build_metadata(rows)
+            md.slot_mapping.zero_()  # everything lands in the null block: only the memory peak matters
+            with set_forward_context(md):
+                hidden = self.model(ids, torch.arange(tokens, device=self.device))
+                self.model.compute_logits(hidden[-self.config.max_num_seqs :])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        self._release_kv_cache()
+        torch.cuda.empty_cache()
+        return max(0, int(total * self.config.gpu_memory_utilization) - peak)
+
+    def _allocate_kv_cache(self, num_blocks: int) -> None:
+        for layer in self.model.attention_layers():
+            layer.kv_cache = torch.zeros(
+                2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim, dtype=self.dtype, device=self.device
+            )
+            layer.backend = self.backend
+
+    def _release_kv_cache(self) -> None:
+        for layer in self.model.attention_layers():
+            layer.kv_cache = None
+
+    # ---- one step ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        scheduled = scheduler_output.scheduled
+        if not scheduled:
+            return RunnerOutput()
+        token_ids: list[int] = []
+        positions: list[int] = []
+        rows: list[AttentionRow] = []
+        logits_indices: list[int] = []
+        sampling_rows = []
+        for item in scheduled:
+            token_ids.extend(item.token_ids)
+            positions.extend(range(item.start_pos, item.end_pos))
+            rows.append(AttentionRow(item.start_pos, item.num_tokens, item.block_table))
+            if item.sample:
+                logits_indices.append(len(token_ids) - 1)
+                sampling_rows.append(item)
+        metadata = self.backend.build_metadata(rows)
+        ids = torch.tensor(token_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
+        with set_forward_context(metadata):
+            hidden = self.model(ids, pos)
+        if not sampling_rows:
+            return RunnerOutput()
+        index = torch.tensor(logits_indices, dtype=torch.long).to(self.device, non_blocking=True)
+        logits = self.model.compute_logits(hidden[index])
+        requests = [item.request for item in sampling_rows]
+        meta = SamplingMetadata.build(requests, self.vocab_size, self.device)
+        sampled = self.sampler(logits, meta)
+        out = RunnerOutput()
+        token_list = sampled.sampled_token_ids.tolist()
+        for item, token in zip(sampling_rows, token_list):
+            out.sampled_token_ids[item.request_id] = token
+        if sampled.logprobs is not None:
+            ids_l, lps_l, ranks = sampled.logprobs.tolists()
+            for i, item in enumerate(sampling_rows):
+                k = item.request.sampling_params.logprobs
+                if k is None:
+                    continue
+                top = list(zip(ids_l[i][1 : 1 + k], lps_l[i][1 : 1 + k]))
+                out.logprobs[item.request_id] = TokenLogprobs(lps_l[i][0], ranks[i], top)
+        return out

@@ -1,0 +1,413 @@
+"""Batched token sampling: logprobs, logit bias, min_tokens, penalties, greedy / temperature / top-k /
+top-p / min-p, and per-request seeds.
+
+The order follows vLLM v1:
+
+1. logprobs from the raw logits (log_softmax before any processing): the sampled token's logprob and rank,
+   and the top-k (k = the most logprobs any row asked for);
+2. logit_bias, then min_tokens masking (stop ids get -inf while num_output_tokens < min_tokens), then
+   penalties (repetition over prompt + output, HF/vLLM semantics; presence/frequency over output only,
+   OpenAI semantics);
+3. greedy rows take the argmax; the other rows: temperature, top-k, top-p, min-p, then an exponential race
+   (argmax(probs / q), q ~ Exp(1)), which samples from probs without torch.multinomial's host sync.
+
+`SamplingMetadata.build` walks the sampling rows once per step (Python work per request, never per
+vocabulary entry) and sets flags so that a batch of greedy rows with no penalties costs one argmax.
+Nothing in `Sampler.__call__` reads a device value back to the host: the caller's `.tolist()` of the
+sampled ids is the only sync.
+
+Seeds: the noise of a seeded row comes from a torch.Generator seeded by a hash of (seed, output position),
+so the row's draw does not depend on what else is in the batch, on row order, or on preemption and
+recompute. Unseeded rows share the sampler's generator. (CPU and CUDA generators differ, so a seed gives
+the same output on every run on the same kind of device, not across device kinds.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from qwick.core.request import Request
+
+_EPS = 1e-5
+_MASK64 = (1 << 64) - 1
+
+
+def seed_for_position(seed: int, position: int) -> int:
+    """A 63-bit generator seed from a request seed and the output position being sampled (splitmix64)."""
+    x = ((seed & _MASK64) ^ (((position + 1) * 0x9E3779B97F4A7C15) & _MASK64)) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    return x & ((1 << 63) - 1)
+
+
+def _pad(rows: Sequence[Sequence[int]], pad: int) -> list[list[int]]:
+    width = max((len(r) for r in rows), default=0)
+    return [list(r) + [pad] * (width - len(r)) for r in rows]
+
+
+@dataclass
+class LogprobsTensors:
+    """Logprobs of one step, vLLM's layout: column 0 is the sampled token, columns 1..k the top-k.
+
+    All values come from the raw logits (before bias, penalties, temperature and truncation).
+    Rows that asked for fewer than k logprobs (or none) get k as well; the caller slices.
+    """
+
+    logprob_token_ids: torch.Tensor  # [B, k + 1] long
+    logprobs: torch.Tensor  # [B, k + 1] float32
+    selected_token_ranks: torch.Tensor  # [B] long; 1 = most likely (1 + number of strictly larger)
+
+    @property
+    def sampled_logprobs(self) -> torch.Tensor:
+        return self.logprobs[:, 0]
+
+    @property
+    def topk_token_ids(self) -> torch.Tensor:
+        return self.logprob_token_ids[:, 1:]
+
+    @property
+    def topk_logprobs(self) -> torch.Tensor:
+        return self.logprobs[:, 1:]
+
+    def tolists(self) -> tuple[list[list[int]], list[list[float]], list[int]]:
+        return (
+            self.logprob_token_ids.tolist(),
+            self.logprobs.tolist(),
+            self.selected_token_ranks.tolist(),
+        )
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [B] long, on the logits' device
+    logprobs: LogprobsTensors | None = None
+
+
+@dataclass
+class SamplingMetadata:
+    """Batched sampling settings for the rows that sample this step, in batch row order.
+
+    Every optional tensor is None when no row needs it; the matching op is then skipped.
+    """
+
+    num_rows: int
+    vocab_size: int
+    all_greedy: bool
+    all_random: bool
+    # [B] float32; greedy rows hold 1.0. None when all rows are greedy or every temperature is 1.
+    temperature: torch.Tensor | None
+    # [B] bool, True for greedy rows; None unless the batch mixes greedy and random rows.
+    greedy_mask: torch.Tensor | None
+    top_k: torch.Tensor | None  # [B] long, vocab_size where a row has no top-k
+    max_top_k: int  # host-side max of top_k (so torch.topk needs no sync); 0 when top_k is None
+    top_p: torch.Tensor | None  # [B] float32, 1.0 where a row has no top-p
+    min_p: torch.Tensor | None  # [B] float32, 0.0 where a row has no min-p
+    # Penalties. Token-id tensors are padded with vocab_size.
+    presence_penalties: torch.Tensor | None  # [B] float32
+    frequency_penalties: torch.Tensor | None  # [B] float32
+    repetition_penalties: torch.Tensor | None  # [B] float32
+    prompt_token_ids: torch.Tensor | None  # [B, Lp] long; only when repetition penalties apply
+    output_token_ids: torch.Tensor | None  # [B, Lo] long; when any penalty applies
+    # logit_bias as a sparse triple (row, token, bias).
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    # min_tokens: (row, token) pairs to set to -inf this step.
+    min_tokens_mask: tuple[torch.Tensor, torch.Tensor] | None
+    # Seeded rows (host-side): row indices and the generator seed for this step's draw of each.
+    seeded_rows: list[int]
+    seeded_generator_seeds: list[int]
+    max_num_logprobs: int | None  # None: no row wants logprobs
+
+    @property
+    def no_penalties(self) -> bool:
+        return (
+            self.presence_penalties is None
+            and self.frequency_penalties is None
+            and self.repetition_penalties is None
+        )
+
+    @classmethod
+    def build(
+        cls, requests: Sequence[Request], vocab_size: int, device: torch.device | str = "cpu"
+    ) -> SamplingMetadata:
+        device = torch.device(device)
+        n = len(requests)
+        V = vocab_size
+
+        temps: list[float] = []
+        greedy: list[bool] = []
+        top_k: list[int] = []
+        top_p: list[float] = []
+        min_p: list[float] = []
+        pres: list[float] = []
+        freq: list[float] = []
+        rep: list[float] = []
+        bias_rows: list[int] = []
+        bias_toks: list[int] = []
+        bias_vals: list[float] = []
+        mt_rows: list[int] = []
+        mt_toks: list[int] = []
+        seeded_rows: list[int] = []
+        seeded_seeds: list[int] = []
+        max_num_logprobs: int | None = None
+        any_top_k = any_top_p = any_min_p = False
+        any_pres = any_freq = any_rep = False
+        max_top_k = 0
+        all_temp_one = True
+
+        for i, req in enumerate(requests):
+            sp = req.sampling_params
+            is_greedy = sp.temperature < _EPS
+            greedy.append(is_greedy)
+            if is_greedy:
+                temps.append(1.0)
+                top_k.append(V)
+                top_p.append(1.0)
+                min_p.append(0.0)
+            else:
+                temps.append(float(sp.temperature))
+                if abs(sp.temperature - 1.0) > _EPS:
+                    all_temp_one = False
+                k = sp.top_k if 0 < sp.top_k < V else V
+                top_k.append(k)
+                if k < V:
+                    any_top_k = True
+                    max_top_k = max(max_top_k, k)
+                top_p.append(float(sp.top_p))
+                any_top_p |= sp.top_p < 1.0 - _EPS
+                min_p.append(float(sp.min_p))
+                any_min_p |= sp.min_p > _EPS
+                if sp.seed is not None:
+                    seeded_rows.append(i)
+                    seeded_seeds.append(seed_for_position(sp.seed, req.num_output_tokens))
+
+            pres.append(float(sp.presence_penalty))
+            freq.append(float(sp.frequency_penalty))
+            rep.append(float(sp.repetition_penalty))
+            any_pres |= abs(sp.presence_penalty) > _EPS
+            any_freq |= abs(sp.frequency_penalty) > _EPS
+            any_rep |= abs(sp.repetition_penalty - 1.0) > _EPS
+
+            if sp.logit_bias:
+                for tok, b in sp.logit_bias.items():
+                    if 0 <= tok < V:  # out-of-range ids are the API layer's to reject; never crash here
+                        bias_rows.append(i)
+                        bias_toks.append(tok)
+                        bias_vals.append(b)
+            if req.num_output_tokens < sp.min_tokens:
+                for tok in sp.all_stop_token_ids:
+                    if 0 <= tok < V:
+                        mt_rows.append(i)
+                        mt_toks.append(tok)
+            if sp.logprobs is not None:
+                max_num_logprobs = max(max_num_logprobs or 0, sp.logprobs)
+
+        def t(data, dtype):
+            return torch.tensor(data, dtype=dtype, device=device)
+
+        num_greedy = sum(greedy)
+        all_greedy = num_greedy == n
+        all_random = num_greedy == 0
+        if all_greedy:
+            any_top_k = any_top_p = any_min_p = False
+            seeded_rows, seeded_seeds = [], []
+
+        out_ids = prompt_ids = None
+        if any_pres or any_freq or any_rep:
+            out_ids = t(_pad([r.output_token_ids for r in requests], V), torch.long)
+        if any_rep:
+            prompt_ids = t(_pad([r.prompt_token_ids for r in requests], V), torch.long)
+
+        return cls(
+            num_rows=n,
+            vocab_size=V,
+            all_greedy=all_greedy,
+            all_random=all_random,
+            temperature=None if all_greedy or all_temp_one else t(temps, torch.float32),
+            greedy_mask=None if all_greedy or all_random else t(greedy, torch.bool),
+            top_k=t(top_k, torch.long) if any_top_k else None,
+            max_top_k=max_top_k if any_top_k else 0,
+            top_p=t(top_p, torch.float32) if any_top_p else None,
+            min_p=t(min_p, torch.float32) if any_min_p else None,
+            presence_penalties=t(pres, torch.float32) if any_pres else None,
+            frequency_penalties=t(freq, torch.float32) if any_freq else None,
+            repetition_penalties=t(rep, torch.float32) if any_rep else None,
+            prompt_token_ids=prompt_ids,
+            output_token_ids=out_ids,
+            logit_bias=(
+                (t(bias_rows, torch.long), t(bias_toks, torch.long), t(bias_vals, torch.float32))
+                if bias_rows
+                else None
+            ),
+            min_tokens_mask=(t(mt_rows, torch.long), t(mt_toks, torch.long)) if mt_rows else None,
+            seeded_rows=seeded_rows,
+            seeded_generator_seeds=seeded_seeds,
+            max_num_logprobs=max_num_logprobs,
+        )
+
+
+def _bin_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, L] token ids padded with vocab_size -> [B, V] occurrence counts."""
+    counts = torch.zeros((token_ids.shape[0], vocab_size + 1), dtype=torch.float32, device=token_ids.device)
+    counts.scatter_add_(1, token_ids, torch.ones(token_ids.shape, dtype=torch.float32, device=counts.device))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Repetition (prompt + output; divide positive logits, multiply negative ones), then frequency
+    (minus penalty * count in the output) and presence (minus penalty if in the output). In place."""
+    V = logits.shape[1]
+    assert meta.output_token_ids is not None
+    out_counts = _bin_counts(meta.output_token_ids, V)
+    if meta.repetition_penalties is not None:
+        assert meta.prompt_token_ids is not None
+        seen = torch.zeros((logits.shape[0], V + 1), dtype=torch.bool, device=logits.device)
+        seen.scatter_(1, meta.prompt_token_ids, True)
+        seen = seen[:, :V] | (out_counts > 0)
+        rp = meta.repetition_penalties.unsqueeze(1)
+        penalized = torch.where(logits > 0, logits / rp, logits * rp)
+        logits = torch.where(seen, penalized, logits)
+    if meta.frequency_penalties is not None:
+        logits = logits - meta.frequency_penalties.unsqueeze(1) * out_counts
+    if meta.presence_penalties is not None:
+        logits = logits - meta.presence_penalties.unsqueeze(1) * (out_counts > 0).to(logits.dtype)
+    return logits
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, max_top_k: int, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Mask (to -inf) what top-k and top-p leave out, for all rows at once.
+
+    Top-k keeps every token whose logit is >= the row's k-th largest (ties at the boundary stay).
+    Top-p keeps the smallest set of most likely tokens whose probability reaches p (the most likely
+    token always stays).
+    """
+    if top_k is None and top_p is None:
+        return logits
+    V = logits.shape[1]
+    if top_p is None:
+        assert top_k is not None
+        # Only top-k: the k-th largest value of each row via one topk over the batch's largest k.
+        kth = logits.topk(max_top_k, dim=1).values.gather(1, (top_k.clamp(max=max_top_k) - 1).unsqueeze(1))
+        kth = kth.masked_fill((top_k >= V).unsqueeze(1), float("-inf"))
+        return logits.masked_fill(logits < kth, float("-inf"))
+
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (V - top_k).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    cum = probs.cumsum(dim=-1)
+    drop = cum <= (1.0 - top_p).unsqueeze(1)
+    drop[:, -1] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
+
+
+class Sampler:
+    """`Sampler(seed)(logits, meta) -> SamplerOutput`.
+
+    `seed` seeds the generator that unseeded rows share (None: torch's default generator).
+    The logits are float32 [B, V]; they may be modified in place.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+        self._seeded_generators: dict[torch.device, torch.Generator] = {}
+
+    def _generator(self, device: torch.device) -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        g = self._generators.get(device)
+        if g is None:
+            g = torch.Generator(device=device)
+            g.manual_seed(self.seed)
+            self._generators[device] = g
+        return g
+
+    def _seeded_generator(self, device: torch.device) -> torch.Generator:
+        g = self._seeded_generators.get(device)
+        if g is None:
+            g = self._seeded_generators[device] = torch.Generator(device=device)
+        return g
+
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        raw_logprobs = None
+        if meta.max_num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+
+        logits = self.process_logits(logits, meta)
+
+        if meta.all_greedy:
+            sampled = logits.argmax(dim=-1)
+        else:
+            random = self.sample_random(logits, meta)
+            if meta.greedy_mask is not None:
+                sampled = torch.where(meta.greedy_mask, logits.argmax(dim=-1), random)
+            else:
+                sampled = random
+
+        lp = None
+        if raw_logprobs is not None:
+            lp = self.gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=lp)
+
+    @staticmethod
+    def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """logit_bias, min_tokens, penalties: what greedy and random rows alike see."""
+        if meta.logit_bias is not None:
+            rows, toks, vals = meta.logit_bias
+            logits = logits.index_put_((rows, toks), vals, accumulate=True)
+        if meta.min_tokens_mask is not None:
+            rows, toks = meta.min_tokens_mask
+            logits = logits.index_put_(
+                (rows, toks), torch.full(rows.shape, float("-inf"), device=logits.device)
+            )
+        if not meta.no_penalties:
+            logits = apply_penalties(logits, meta)
+        return logits
+
+    def sample_random(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Temperature, top-k, top-p, min-p, exponential race. Greedy rows' results are discarded."""
+        if meta.temperature is not None:
+            logits = logits / meta.temperature.unsqueeze(1)
+        logits = apply_top_k_top_p(logits, meta.top_k, meta.max_top_k, meta.top_p)
+        probs = logits.softmax(dim=-1)
+        if meta.min_p is not None:
+            threshold = probs.amax(dim=-1, keepdim=True) * meta.min_p.unsqueeze(1)
+            probs = probs.masked_fill(probs < threshold, 0.0)
+        q = self._noise(probs.shape, probs.device, meta)
+        # argmax(p / q) with q ~ Exp(1) picks token i with probability p_i / sum(p) (scale-free).
+        return probs.div_(q).argmax(dim=-1)
+
+    def _noise(self, shape: torch.Size, device: torch.device, meta: SamplingMetadata) -> torch.Tensor:
+        q = torch.empty(shape, dtype=torch.float32, device=device)
+        if len(meta.seeded_rows) < shape[0]:
+            q.exponential_(generator=self._generator(device))
+        if meta.seeded_rows:
+            g = self._seeded_generator(device)
+            for row, s in zip(meta.seeded_rows, meta.seeded_generator_seeds):
+                g.manual_seed(s)
+                q[row].exponential_(generator=g)
+        # exponential_ can return 0 with a tiny probability: keep 0 / 0 (a masked token) from being NaN.
+        return q.clamp_(min=1e-30)
+
+    @staticmethod
+    def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor, k: int) -> LogprobsTensors:
+        sampled = sampled.unsqueeze(1)
+        sampled_lp = raw_logprobs.gather(1, sampled)
+        ranks = (raw_logprobs > sampled_lp).sum(dim=-1) + 1
+        if k > 0:
+            top_lp, top_ids = raw_logprobs.topk(k, dim=-1)
+            ids = torch.cat([sampled, top_ids], dim=1)
+            lps = torch.cat([sampled_lp, top_lp], dim=1)
+        else:
+            ids, lps = sampled, sampled_lp
+        return LogprobsTensors(logprob_token_ids=ids, logprobs=lps, selected_token_ranks=ranks)
