@@ -50,6 +50,14 @@ class _SampleState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     sent_tokens: int = 0  # for DELTA outputs
+    released_text: str = ""  # text handed out so far (safe: no partial character, no part of a stop)
+    pending_delta: str = ""  # released by the detokenizer's final flush, not yet handed out
+
+    def take_delta(self) -> str:
+        delta = self.pending_delta + self.detokenizer.get_delta()
+        self.pending_delta = ""
+        self.released_text += delta
+        return delta
 
 
 @dataclass
@@ -218,7 +226,7 @@ class LLMEngine:
             sample.finish_reason, sample.stop_reason = "stop", stop
             return out.finish_reason is None
         if out.finish_reason is not None:
-            sample.detokenizer.flush()
+            sample.pending_delta += sample.detokenizer.flush()
             sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
         return False
 
@@ -229,13 +237,14 @@ class LLMEngine:
         delta = state.params.output_kind == RequestOutputKind.DELTA
         completions = []
         for sample in sorted(state.samples.values(), key=lambda s: s.index):
+            new_text = sample.take_delta()
             if delta:
-                text = sample.detokenizer.get_delta()
+                text = new_text
                 token_ids = sample.token_ids[sample.sent_tokens :]
                 logprobs = sample.logprobs[sample.sent_tokens :] if sample.logprobs is not None else None
                 sample.sent_tokens = len(sample.token_ids)
             else:
-                text = sample.detokenizer.output_text if finished or sample.finish_reason else self._visible(sample)
+                text = sample.detokenizer.output_text if sample.finish_reason else sample.released_text
                 token_ids = list(sample.token_ids)
                 logprobs = list(sample.logprobs) if sample.logprobs is not None else None
             completions.append(
@@ -258,10 +267,3 @@ class LLMEngine:
             num_cached_tokens=state.num_cached_tokens,
             metrics=state.metrics,
         )
-
-    @staticmethod
-    def _visible(sample: _SampleState) -> str:
-        """Cumulative text safe to show mid-stream: everything released so far."""
-        detok = sample.detokenizer
-        detok.get_delta()
-        return detok.output_text[: detok._released]

@@ -1,0 +1,115 @@
+"""The `qwick` command line. Engine flags use vLLM's names in kebab-case."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import time
+
+from qwick.config import EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Flags for every `EngineConfig` field, shared by all subcommands that build an engine."""
+    parser.add_argument(
+        "model", nargs="?", default=None,
+        help="a Hugging Face model directory, a .gguf file, or a Hub id (org/name); "
+        "omit for the built-in demo model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF)",
+    )
+    g = parser.add_argument_group("engine")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                   help="weight and activation dtype; auto: float32 on CPU, the checkpoint's on GPU")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + output, in tokens (default: the model's context length)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    g.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget of one engine step (default 8192)")
+    g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="turn off reuse of KV blocks across requests with a common prefix")
+    g.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
+                   help="prefill each prompt in one step instead of in budget-sized chunks")
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV-cache size in blocks")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory for weights, activations and KV cache")
+    g.add_argument("--cpu-kv-cache-gib", type=float, default=4.0, help="KV-cache size when running on the CPU")
+    g.add_argument("--enforce-eager", action="store_true", help="never capture CUDA graphs")
+    g.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling and dummy weights")
+    g.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"],
+                   help="dummy: random weights at the model's shapes (for benchmarks)")
+    g.add_argument("--device", default="auto", help="auto, cuda or cpu")
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory, if not the model's")
+    g.add_argument("--revision", default=None, help="Hub revision when MODEL is a Hub id")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    return EngineConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from qwick import LLM, RequestOutputKind, SamplingParams
+
+    llm = LLM(**dataclasses.asdict(engine_config_from_args(args)))
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        seed=args.sampling_seed, output_kind=RequestOutputKind.DELTA,
+    )
+    prompt = args.prompt
+    if args.chat:
+        ids = llm.get_tokenizer().apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    start = time.perf_counter()
+    first = None
+    tokens = 0
+    for out in llm.stream(prompt, params):
+        if first is None:
+            first = time.perf_counter() - start
+        tokens += len(out.outputs[0].token_ids)
+        sys.stdout.write(out.outputs[0].text)
+        sys.stdout.flush()
+    total = time.perf_counter() - start
+    sys.stdout.write("\n")
+    decode = (tokens - 1) / (total - first) if tokens > 1 and first is not None else 0.0
+    print(f"[{tokens} tokens, first token {1000 * (first or 0):.0f} ms, {decode:.1f} tok/s after]", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qwick", description="Fast inference for Qwen-family models.")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a completion for one prompt, streamed to stdout")
+    add_engine_args(gen)
+    gen.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.",
+                     help="the prompt text")
+    gen.add_argument("--no-chat", dest="chat", action="store_false",
+                     help="send the prompt as raw text instead of through the chat template")
+    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--sampling-seed", type=int, default=None)
+    gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as exc:
+        print(f"qwick: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
