@@ -84,6 +84,7 @@ class Scheduler:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
         self.config = scheduler_config
+        self._max_model_len = scheduler_config.max_model_len
         self.policy = scheduler_config.policy
         self.kv_cache = KVCacheManager(
             cache_config.num_gpu_blocks, cache_config.block_size, cache_config.enable_prefix_caching
@@ -92,6 +93,7 @@ class Scheduler:
         self.waiting = _WaitingQueue(self.policy)
         self.running: list[Request] = []  # admission order (fcfs) or (priority, arrival) order
         self._finished_ids: list[str] = []  # reported in the next SchedulerOutput
+        self._capped: list[Request] = []  # finished inside schedule(); returned by update_from_output
         self.num_preemptions = 0
 
     # ---- requests in and out -------------------------------------------------------------------------
@@ -195,9 +197,14 @@ class Scheduler:
         out.preempted_request_ids.append(request.request_id)
 
     def _cannot_fit(self, request: Request) -> None:
-        """The KV pool is smaller than this request: stop it with what it has (finish reason "length")."""
+        """The KV pool is smaller than this request: stop it with what it has (finish reason "length").
+
+        The engine should reject such requests up front (prompt + max_tokens > usable blocks * block_size);
+        this only keeps the scheduler from preempting and recomputing it forever.
+        """
         request.status = RequestStatus.FINISHED_LENGTH
         self._remove_finished([request])
+        self._capped.append(request)
 
     def _admit(self, request: Request, num_hit: int) -> None:
         request.status = RequestStatus.RUNNING
@@ -222,9 +229,10 @@ class Scheduler:
     ) -> list[Request]:
         """Advance every scheduled row, append sampled tokens, finish requests that hit a stop.
 
-        Returns the requests that got new tokens this step, finished or not.
+        Returns the requests that got new tokens this step, finished or not, plus any request the
+        preceding `schedule()` had to finish because the whole KV pool cannot hold it.
         """
-        updated: list[Request] = []
+        updated, self._capped = self._capped, []
         finished: list[Request] = []
         for row in scheduler_output.scheduled:
             request = row.request
@@ -250,10 +258,7 @@ class Scheduler:
         if request.num_output_tokens > params.min_tokens and token_id in params.all_stop_token_ids:
             request.status = RequestStatus.FINISHED_STOPPED
             request.stop_reason = token_id
-        elif (
-            request.num_output_tokens >= request.max_tokens
-            or request.num_tokens >= self.config.max_model_len
-        ):
+        elif request.num_output_tokens >= request.max_tokens or request.num_tokens >= self._max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH
         else:
             return False

@@ -85,9 +85,11 @@ class IncrementalDetokenizer:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
-    def update(self, new_token_ids: Iterable[int]) -> str | None:
+    def update(self, new_token_ids: Iterable[int], stop_terminated: bool = False) -> str | None:
         """Add generated ids; return the stop string that matched, else None.
 
+        `stop_terminated`: the last id is a stop token id (EOS or `stop_token_ids`) that ended the
+        sequence; as in vLLM its text is not added unless `include_stop_str_in_output`.
         After a stop matched (or after `flush`) further ids are ignored.
         """
         if self.finished:
@@ -96,6 +98,10 @@ class IncrementalDetokenizer:
         if not new_ids:
             return None
         self.output_token_ids.extend(new_ids)
+        if stop_terminated and not self.include_stop_str_in_output:
+            new_ids = new_ids[:-1]
+            if not new_ids:
+                return None
         self._ids.extend(new_ids)
 
         new_text = self._decode_step()

@@ -209,9 +209,6 @@ class LLMEngine:
         metrics.first_token_time = metrics.first_token_time or out.first_token_time
         state.num_cached_tokens = max(state.num_cached_tokens, out.num_cached_tokens)
         new_ids = out.new_token_ids
-        text_ids = new_ids
-        if out.finish_reason == "stop" and isinstance(out.stop_reason, int) and new_ids:
-            text_ids = new_ids[:-1]  # the stop token's own text is not part of the output
         sample.token_ids.extend(new_ids)
         if out.new_logprobs:
             for token, lp in zip(new_ids, out.new_logprobs):
@@ -221,7 +218,8 @@ class LLMEngine:
                     for rank, (tid, value) in enumerate(lp.top, start=1):
                         entry.setdefault(tid, Logprob(value, rank, self._piece(tid)))
                     sample.logprobs.append(entry)
-        stop = sample.detokenizer.update(text_ids) if text_ids else None
+        stop_token = out.finish_reason == "stop" and isinstance(out.stop_reason, int)
+        stop = sample.detokenizer.update(new_ids, stop_terminated=stop_token)
         if stop is not None:
             sample.finish_reason, sample.stop_reason = "stop", stop
             return out.finish_reason is None

@@ -29,6 +29,7 @@ import glob
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -48,6 +49,8 @@ logger = logging.getLogger(__name__)
 CONVERTER_VERSION = 1
 
 # GGUF `general.architecture` -> (HF model_type, HF architectures[0]).
+_CHUNK_ELEMS = 1 << 23  # rows per dequantization piece: about 32 MiB of float32
+
 SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
@@ -216,10 +219,26 @@ def _check_gguf_file(gguf_path: str | os.PathLike) -> str:
 
 
 def _open_reader(path: str):
+    import numpy as np
     from gguf import GGUFReader
 
+    class _Reader(GGUFReader):
+        """GGUFReader over a plain ndarray view of its memmap instead of the memmap itself.
+
+        Same bytes, zero-copy, but slicing skips `np.memmap.__array_finalize__`, which makes parsing a
+        150k-token vocabulary about 3.5x faster (2.6 s instead of 9.6 s for the demo model).
+        """
+
+        @property
+        def data(self):
+            return self._qwick_data
+
+        @data.setter
+        def data(self, value):
+            self._qwick_data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
     try:
-        return GGUFReader(path, "r")
+        return _Reader(path, "r")
     except Exception as e:  # the reader raises whatever numpy raises on a short or garbled file
         raise ValueError(
             f"{path!r} is not a valid GGUF file ({type(e).__name__}: {e}). It is probably truncated or "
@@ -546,22 +565,35 @@ def _save_tokenizer(path: str, out: str, model_type: str, model_max_length: int)
         return False
 
 
-def _dequantized(reader, plan: list[_TensorPlan], path: str) -> Iterator[tuple[_TensorPlan, Any]]:
-    """The plan's tensors as float32 HF-layout arrays, in order, dequantized a few at a time in threads
-    (numpy releases the GIL, so this uses the cores while the main thread writes)."""
+def _chunks(plan: list[_TensorPlan]) -> Iterator[tuple[_TensorPlan, int, int]]:
+    """Row ranges to dequantize: whole small tensors, big ones (embeddings, lm_head) in pieces, so memory
+    stays bounded and the pieces fit the caches. Rows are independent in every GGUF type."""
+    for item in plan:
+        rows = item.shape[0] if len(item.shape) > 1 else 1
+        per_row = max(1, math.prod(item.shape) // rows)
+        step = rows if item.permute_heads else max(1, _CHUNK_ELEMS // per_row)
+        for start in range(0, rows, step):
+            yield item, start, min(rows, start + step)
+
+
+def _dequantized(reader, plan: list[_TensorPlan], path: str) -> Iterator[tuple[_TensorPlan, bool, Any]]:
+    """(tensor, is_its_last_piece, float32 HF-layout rows), in file order. Dequantized a few pieces ahead
+    in threads: numpy releases the GIL, so the cores work while the main thread writes."""
     import numpy as np
     from gguf.quants import dequantize
 
-    def load(item: _TensorPlan):
+    def load(item: _TensorPlan, start: int, stop: int):
         t = reader.tensors[item.reader_index]
+        data = t.data if len(item.shape) == 1 else t.data[start:stop]
         try:
-            arr = dequantize(t.data, t.tensor_type)
+            arr = dequantize(data, t.tensor_type)
         except NotImplementedError as e:
             raise ValueError(
                 f"{os.path.basename(path)}: tensor {t.name} has type {t.tensor_type.name}, which the "
                 f"installed gguf package cannot dequantize ({e}). Try `pip install -U gguf`."
             ) from e
-        arr = np.asarray(arr, dtype=np.float32).reshape(item.shape)
+        shape = item.shape if len(item.shape) == 1 else (stop - start, *item.shape[1:])
+        arr = np.asarray(arr, dtype=np.float32).reshape(shape)
         if item.permute_heads:
             arr = _unpermute_qk(arr, item.permute_heads)
         return np.ascontiguousarray(arr, dtype="<f4")
@@ -569,14 +601,15 @@ def _dequantized(reader, plan: list[_TensorPlan], path: str) -> Iterator[tuple[_
     workers = max(1, min(4, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="qwick-gguf") as pool:
         pending: deque = deque()
-        for item in plan:
-            pending.append((item, pool.submit(load, item)))
-            if len(pending) > workers:
-                done, fut = pending.popleft()
-                yield done, fut.result()
+        for item, start, stop in _chunks(plan):
+            last = len(item.shape) == 1 or stop == item.shape[0]
+            pending.append((item, last, pool.submit(load, item, start, stop)))
+            if len(pending) > 2 * workers:
+                done, done_last, fut = pending.popleft()
+                yield done, done_last, fut.result()
         while pending:
-            done, fut = pending.popleft()
-            yield done, fut.result()
+            done, done_last, fut = pending.popleft()
+            yield done, done_last, fut.result()
 
 
 def _unpermute_qk(arr, n_heads: int):
@@ -592,8 +625,6 @@ def _unpermute_qk(arr, n_heads: int):
 def _write_safetensors(path: str, reader, plan: list[_TensorPlan], src: str, *, progress: bool) -> None:
     """Stream the tensors into a safetensors file: the header is known from the shapes up front, so
     only a few tensors are ever in memory (the file can be several times the GGUF's size)."""
-    import math
-
     from tqdm.auto import tqdm
 
     header: dict[str, Any] = {}
@@ -610,9 +641,9 @@ def _write_safetensors(path: str, reader, plan: list[_TensorPlan], src: str, *, 
     with open(path, "wb") as f, bar:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for item, arr in _dequantized(reader, plan, src):
+        for _, last, arr in _dequantized(reader, plan, src):
             f.write(arr.data)
-            bar.update(1)
+            bar.update(int(last))
         f.flush()
         if f.tell() != 8 + len(blob) + offset:
             raise RuntimeError(f"internal error: wrote {f.tell()} bytes to {path}, expected {8 + len(blob) + offset}")

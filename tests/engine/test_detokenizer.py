@@ -19,7 +19,7 @@ from qwick.engine.detokenizer import IncrementalDetokenizer
 CORPUS = [
     "Hello world! The quick brown fox jumps over the lazy dog.",
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
-    "for (int i = 0; i < 10; i++) { printf(\"%d\\n\", i); }",
+    'for (int i = 0; i < 10; i++) { printf("%d\\n", i); }',
     "你好，世界！今天天气很好。我们去公园散步吧。",
     "机器学习是人工智能的一个分支。",
     "emoji 😀🎉 party 👍",
@@ -327,6 +327,17 @@ def test_skip_special_tokens(tok):
     # A stop string can match the text of a special token when it is not skipped.
     d, deltas, reason = stream(tok, ids, skip_special_tokens=False, stop=["<|im_end|>"])
     assert reason == "<|im_end|>" and d.output_text == "Hello 你好"
+
+
+def test_stop_terminated_token_text_not_added(tok):
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = tok.encode("Hello")
+    for include, expected in ((False, "Hello"), (True, "Hello<|im_end|>")):
+        d = IncrementalDetokenizer(tok, [], skip_special_tokens=False, include_stop_str_in_output=include)
+        d.update(ids)
+        d.update([im_end], stop_terminated=True)
+        assert d.get_delta() + d.flush() == expected == d.output_text
+        assert d.output_token_ids == ids + [im_end]
 
 
 def test_works_with_bare_tokenizers_tokenizer(tok):
