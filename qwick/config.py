@@ -62,13 +62,9 @@ class EngineConfig:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}."
-            )
+            raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
-            )
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError(
                 f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}."
@@ -78,9 +74,7 @@ class EngineConfig:
                 f"load_format must be one of auto, safetensors, gguf, dummy, got {self.load_format!r}."
             )
         if self.dtype not in ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp32"):
-            raise ValueError(
-                f"dtype must be one of auto, float32, float16, bfloat16, got {self.dtype!r}."
-            )
+            raise ValueError(f"dtype must be one of auto, float32, float16, bfloat16, got {self.dtype!r}.")
         if self.quantization not in (None, "none"):
             raise ValueError(f"quantization {self.quantization!r} is not supported yet.")
         if self.kv_cache_dtype != "auto":

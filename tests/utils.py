@@ -88,7 +88,10 @@ def make_tiny_model(arch: str, path: str, seed: int = 0, **overrides) -> torch.n
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+            torch.tensor([prompt]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()

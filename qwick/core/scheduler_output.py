@@ -42,7 +42,8 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)  # row order of the batch
     num_batched_tokens: int = 0
     preempted_request_ids: list[str] = field(default_factory=list)
-    # Requests that left the engine (finished or aborted) since the previous step: the runner drops their state.
+    # Requests that left the engine (finished or aborted) since the previous step:
+    # the runner drops their state.
     finished_request_ids: list[str] = field(default_factory=list)
 
     @property

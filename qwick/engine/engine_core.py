@@ -41,7 +41,9 @@ def default_max_num_batched_tokens(config: EngineConfig, max_model_len: int) -> 
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, hf_config: PretrainedConfig, model_path: str | None, max_model_len: int):
+    def __init__(
+        self, config: EngineConfig, hf_config: PretrainedConfig, model_path: str | None, max_model_len: int
+    ):
         self.config = config
         self.max_model_len = max_model_len
         self.runner = ModelRunner(config, hf_config, model_path, max_model_len)
@@ -59,13 +61,19 @@ class EngineCore:
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.scheduling_policy,
         )
-        if not config.enable_chunked_prefill and scheduler_config.max_num_batched_tokens < max_model_len:
+        budget = scheduler_config.max_num_batched_tokens
+        if not config.enable_chunked_prefill and budget < max_model_len:
             raise ValueError(
-                f"without chunked prefill, max_num_batched_tokens ({scheduler_config.max_num_batched_tokens}) "
+                f"without chunked prefill, max_num_batched_tokens ({budget}) "
                 f"must be at least max_model_len ({max_model_len})"
             )
         self.scheduler = Scheduler(scheduler_config, cache_config)
         self.num_kv_tokens = (self.runner.num_blocks - 1) * config.block_size
+        if self.num_kv_tokens < max_model_len:
+            raise ValueError(
+                f"the KV cache holds {self.num_kv_tokens} tokens, fewer than max_model_len={max_model_len}: "
+                "one long request could never run; lower max_model_len or give the KV cache more blocks"
+            )
         self._finished_now: list[Request] = []
 
     def add_request(self, request: Request) -> None:
@@ -86,9 +94,7 @@ class EngineCore:
         outputs = [self._output(r, [], None) for r in self._finished_now]
         self._finished_now = []
         scheduler_output = self.scheduler.schedule()
-        if scheduler_output.is_empty:
-            return outputs
-        runner_output = self.runner.execute(scheduler_output)
+        runner_output = self.runner.execute(scheduler_output)  # nothing to run: an empty output
         sampled = {rid: [tok] for rid, tok in runner_output.sampled_token_ids.items()}
         updated = self.scheduler.update_from_output(scheduler_output, sampled)
         now = time.monotonic()
@@ -103,7 +109,9 @@ class EngineCore:
         return outputs
 
     @staticmethod
-    def _output(request: Request, new_tokens: list[int], logprobs: list[TokenLogprobs] | None) -> EngineCoreOutput:
+    def _output(
+        request: Request, new_tokens: list[int], logprobs: list[TokenLogprobs] | None
+    ) -> EngineCoreOutput:
         if request.is_finished and request.finished_time is None:
             request.finished_time = time.monotonic()
         return EngineCoreOutput(

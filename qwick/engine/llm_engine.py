@@ -96,8 +96,13 @@ class LLMEngine:
         runner = self.core.runner
         logger.info(
             "qwick ready: %s (%s) on %s, %s, max_model_len=%d, KV cache %d tokens, loaded in %.1fs",
-            self.model_name, resolved.source, runner.device, str(runner.dtype).removeprefix("torch."),
-            self.max_model_len, self.core.num_kv_tokens, self.load_time,
+            self.model_name,
+            resolved.source,
+            runner.device,
+            str(runner.dtype).removeprefix("torch."),
+            self.max_model_len,
+            self.core.num_kv_tokens,
+            self.load_time,
         )
 
     # ---- requests in ---------------------------------------------------------------------------------
@@ -157,8 +162,15 @@ class LLMEngine:
             state.samples[core_id] = sample
             self._core_to_user[core_id] = request_id
             self.core.add_request(
-                Request(core_id, prompt_ids, sample_params, arrival_time=arrival, priority=priority,
-                        cache_salt=salt, max_tokens=max_tokens)
+                Request(
+                    core_id,
+                    prompt_ids,
+                    sample_params,
+                    arrival_time=arrival,
+                    priority=priority,
+                    cache_salt=salt,
+                    max_tokens=max_tokens,
+                )
             )
         self._states[request_id] = state
         return request_id

@@ -14,31 +14,63 @@ from qwick.config import EngineConfig
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Flags for every `EngineConfig` field, shared by all subcommands that build an engine."""
     parser.add_argument(
-        "model", nargs="?", default=None,
+        "model",
+        nargs="?",
+        default=None,
         help="a Hugging Face model directory, a .gguf file, or a Hub id (org/name); "
         "omit for the built-in demo model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF)",
     )
     g = parser.add_argument_group("engine")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
-                   help="weight and activation dtype; auto: float32 on CPU, the checkpoint's on GPU")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="longest prompt + output, in tokens (default: the model's context length)")
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="weight and activation dtype; auto: float32 on CPU, the checkpoint's on GPU",
+    )
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest prompt + output, in tokens (default: the model's context length)",
+    )
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     g.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="token budget of one engine step (default 8192)")
-    g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                   help="turn off reuse of KV blocks across requests with a common prefix")
-    g.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
-                   help="prefill each prompt in one step instead of in budget-sized chunks")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget of one engine step (default 8192)",
+    )
+    g.add_argument(
+        "--no-enable-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        help="turn off reuse of KV blocks across requests with a common prefix",
+    )
+    g.add_argument(
+        "--no-enable-chunked-prefill",
+        dest="enable_chunked_prefill",
+        action="store_false",
+        help="prefill each prompt in one step instead of in budget-sized chunks",
+    )
     g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV-cache size in blocks")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory for weights, activations and KV cache")
-    g.add_argument("--cpu-kv-cache-gib", type=float, default=4.0, help="KV-cache size when running on the CPU")
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of GPU memory for weights, activations and KV cache",
+    )
+    g.add_argument(
+        "--cpu-kv-cache-gib", type=float, default=4.0, help="KV-cache size when running on the CPU"
+    )
     g.add_argument("--enforce-eager", action="store_true", help="never capture CUDA graphs")
     g.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling and dummy weights")
-    g.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"],
-                   help="dummy: random weights at the model's shapes (for benchmarks)")
+    g.add_argument(
+        "--load-format",
+        default="auto",
+        choices=["auto", "safetensors", "gguf", "dummy"],
+        help="dummy: random weights at the model's shapes (for benchmarks)",
+    )
     g.add_argument("--device", default="auto", help="auto, cuda or cpu")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory, if not the model's")
     g.add_argument("--revision", default=None, help="Hub revision when MODEL is a Hub id")
@@ -55,8 +87,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     llm = LLM(**dataclasses.asdict(engine_config_from_args(args)))
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        seed=args.sampling_seed, output_kind=RequestOutputKind.DELTA,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.sampling_seed,
+        output_kind=RequestOutputKind.DELTA,
     )
     prompt = args.prompt
     if args.chat:
@@ -76,7 +112,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     total = time.perf_counter() - start
     sys.stdout.write("\n")
     decode = (tokens - 1) / (total - first) if tokens > 1 and first is not None else 0.0
-    print(f"[{tokens} tokens, first token {1000 * (first or 0):.0f} ms, {decode:.1f} tok/s after]", file=sys.stderr)
+    print(
+        f"[{tokens} tokens, first token {1000 * (first or 0):.0f} ms, {decode:.1f} tok/s after]",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -87,10 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate a completion for one prompt, streamed to stdout")
     add_engine_args(gen)
-    gen.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.",
-                     help="the prompt text")
-    gen.add_argument("--no-chat", dest="chat", action="store_false",
-                     help="send the prompt as raw text instead of through the chat template")
+    gen.add_argument(
+        "--prompt",
+        default="Write a Python function that checks whether a number is prime.",
+        help="the prompt text",
+    )
+    gen.add_argument(
+        "--no-chat",
+        dest="chat",
+        action="store_false",
+        help="send the prompt as raw text instead of through the chat template",
+    )
     gen.add_argument("--max-tokens", type=int, default=256)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -103,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as exc:

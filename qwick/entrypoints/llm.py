@@ -17,7 +17,7 @@ Prompt = str | Sequence[int] | dict
 
 
 def _as_prompt(prompt: Prompt) -> str | list[int]:
-    """Accept vLLM's prompt forms: a string, a token-id list, or {"prompt": ...} / {"prompt_token_ids": ...}."""
+    """Accept vLLM's prompt forms: text, token ids, {"prompt": ...} or {"prompt_token_ids": ...}."""
     if isinstance(prompt, dict):
         if "prompt_token_ids" in prompt:
             return list(prompt["prompt_token_ids"])
@@ -43,7 +43,9 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def _normalize(
-        self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
     ) -> tuple[list[str | list[int]], list[SamplingParams]]:
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)

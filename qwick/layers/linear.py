@@ -14,9 +14,7 @@ from torch import nn
 
 
 class Linear(nn.Module):
-    def __init__(
-        self, input_size: int, output_sizes: int | list[int], bias: bool = False
-    ) -> None:
+    def __init__(self, input_size: int, output_sizes: int | list[int], bias: bool = False) -> None:
         super().__init__()
         self.output_sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
         self.input_size = input_size

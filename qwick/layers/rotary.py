@@ -33,7 +33,9 @@ def _inv_freq(config: PretrainedConfig, head_dim: int, max_len: int) -> tuple[to
         base = params["rope_theta"]
         return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)), 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"unsupported rope type {rope_type!r}; supported: default, {', '.join(ROPE_INIT_FUNCTIONS)}")
+        raise ValueError(
+            f"unsupported rope type {rope_type!r}; supported: default, {', '.join(ROPE_INIT_FUNCTIONS)}"
+        )
     if rope_type == "dynamic":
         original = params.get("original_max_position_embeddings") or config.max_position_embeddings
         return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=max_len if max_len > original else None)

@@ -26,7 +26,9 @@ def iterate_safetensors(model_dir: str, show_progress: bool = True) -> Iterator[
     files = safetensors_files(model_dir)
     handles = [safe_open(f, framework="pt") for f in files]
     total = sum(len(h.keys()) for h in handles)
-    with tqdm(total=total, desc="Loading weights", unit="tensor", disable=not show_progress, leave=False) as bar:
+    with tqdm(
+        total=total, desc="Loading weights", unit="tensor", disable=not show_progress, leave=False
+    ) as bar:
         for handle in handles:
             for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 yield name, handle.get_tensor(name)

@@ -30,14 +30,18 @@ class DecoderFlags:
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int, rotary: RotaryEmbedding):
+    def __init__(
+        self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int, rotary: RotaryEmbedding
+    ):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=flags.qkv_bias)
+        self.qkv_proj = Linear(
+            config.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=flags.qkv_bias
+        )
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=flags.o_bias)
         if flags.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -46,7 +50,11 @@ class DecoderAttention(nn.Module):
             self.q_norm = self.k_norm = None
         self.rotary = rotary
         self.attn = Attention(
-            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, _sliding_window(config, layer_idx)
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.head_dim**-0.5,
+            _sliding_window(config, layer_idx),
         )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +91,9 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int, rotary: RotaryEmbedding):
+    def __init__(
+        self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int, rotary: RotaryEmbedding
+    ):
         super().__init__()
         self.self_attn = DecoderAttention(config, flags, layer_idx, rotary)
         self.mlp = DecoderMLP(config, flags)
@@ -164,7 +174,7 @@ class DecoderForCausalLM(nn.Module):
         return [layer.self_attn.attn for layer in self.model.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy checkpoint tensors (Hugging Face names) in, packing q/k/v and gate/up. Returns names loaded."""
+        """Copy checkpoint tensors (Hugging Face names) in, packing q/k/v and gate/up; return names loaded."""
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
         loaded: set[str] = set()

@@ -48,7 +48,11 @@ def pick_device(name: str) -> torch.device:
 
 class ModelRunner:
     def __init__(
-        self, engine_config: EngineConfig, hf_config: PretrainedConfig, model_path: str | None, max_model_len: int
+        self,
+        engine_config: EngineConfig,
+        hf_config: PretrainedConfig,
+        model_path: str | None,
+        max_model_len: int,
     ) -> None:
         self.config = engine_config
         self.hf_config = hf_config
@@ -86,14 +90,7 @@ class ModelRunner:
             budget = int(self.config.cpu_kv_cache_gib * 1024**3)
         else:
             budget = self._profile_free_gpu_memory()
-        num_blocks = budget // per_block
-        min_blocks = (self.max_model_len + self.block_size - 1) // self.block_size + 1
-        if num_blocks < min_blocks:
-            raise RuntimeError(
-                f"the KV cache fits {num_blocks} blocks of {self.block_size} tokens, fewer than one "
-                f"max_model_len={self.max_model_len} request needs; lower max_model_len or raise the memory budget"
-            )
-        return num_blocks
+        return budget // per_block
 
     def _profile_free_gpu_memory(self) -> int:
         """Bytes left for the KV cache after a worst-case forward, within gpu_memory_utilization."""
@@ -119,7 +116,13 @@ class ModelRunner:
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         for layer in self.model.attention_layers():
             layer.kv_cache = torch.zeros(
-                2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim, dtype=self.dtype, device=self.device
+                2,
+                num_blocks,
+                self.block_size,
+                layer.num_kv_heads,
+                layer.head_dim,
+                dtype=self.dtype,
+                device=self.device,
             )
             layer.backend = self.backend
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -30,7 +31,9 @@ def kv_usage(llm: LLM) -> float:
 
 
 def test_text_prompt_output_shape(llm):
-    out = llm.generate("hello world", SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)
+    out = llm.generate(
+        "hello world", SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False
+    )
     assert len(out) == 1
     res = out[0]
     assert res.prompt == "hello world"
@@ -52,18 +55,26 @@ def test_seeded_sampling_reproducible_and_batch_independent(llm):
     params = SamplingParams(max_tokens=16, temperature=1.0, seed=1234, ignore_eos=True)
     alone = llm.generate([PROMPT_IDS[0]], params, use_tqdm=False)[0].outputs[0].token_ids
     others = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, ignore_eos=True)
-    batch = llm.generate([PROMPT_IDS[2], PROMPT_IDS[0], PROMPT_IDS[1]], [others, params, others], use_tqdm=False)
+    batch = llm.generate(
+        [PROMPT_IDS[2], PROMPT_IDS[0], PROMPT_IDS[1]], [others, params, others], use_tqdm=False
+    )
     assert batch[1].outputs[0].token_ids == alone
-    other_seed = llm.generate([PROMPT_IDS[0]], SamplingParams(max_tokens=16, temperature=1.0, seed=99,
-                                                             ignore_eos=True), use_tqdm=False)
+    other_seed = llm.generate(
+        [PROMPT_IDS[0]],
+        SamplingParams(max_tokens=16, temperature=1.0, seed=99, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert other_seed[0].outputs[0].token_ids != alone
 
 
 def test_n_samples_share_prompt_blocks_without_prefix_caching(tiny):
-    llm = LLM(tiny[0], num_gpu_blocks_override=256, block_size=4, enable_prefix_caching=False)
+    llm = LLM(
+        tiny[0], num_gpu_blocks_override=256, block_size=4, max_model_len=256, enable_prefix_caching=False
+    )
     prompt = list(range(30, 70))  # 40 tokens: 10 blocks
-    out = llm.generate([prompt], SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=5, ignore_eos=True),
-                       use_tqdm=False)[0]
+    out = llm.generate(
+        [prompt], SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=5, ignore_eos=True), use_tqdm=False
+    )[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # different samples
     stats = llm.llm_engine.core.scheduler.get_stats()
@@ -74,8 +85,9 @@ def test_n_samples_share_prompt_blocks_without_prefix_caching(tiny):
 def test_logprobs_match_log_softmax_of_transformers(tiny, llm):
     hf_model = tiny[1]
     prompt = PROMPT_IDS[2]
-    out = llm.generate([prompt], SamplingParams(max_tokens=5, temperature=0, logprobs=3, ignore_eos=True),
-                       use_tqdm=False)[0].outputs[0]
+    out = llm.generate(
+        [prompt], SamplingParams(max_tokens=5, temperature=0, logprobs=3, ignore_eos=True), use_tqdm=False
+    )[0].outputs[0]
     ref = torch.log_softmax(hf_logits(hf_model, prompt + out.token_ids), dim=-1)
     assert len(out.logprobs) == 5
     total = 0.0
@@ -91,20 +103,29 @@ def test_logprobs_match_log_softmax_of_transformers(tiny, llm):
 
 
 def test_stop_string_and_stop_token(llm):
-    base = llm.generate("hello", SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), use_tqdm=False)
+    base = llm.generate(
+        "hello", SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), use_tqdm=False
+    )
     text, ids = base[0].outputs[0].text, base[0].outputs[0].token_ids
     stop = text[len(text) // 2 : len(text) // 2 + 2]
     assert stop.strip() and stop in text
-    cut = llm.generate("hello", SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=[stop]),
-                       use_tqdm=False)[0].outputs[0]
+    cut = llm.generate(
+        "hello", SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=[stop]), use_tqdm=False
+    )[0].outputs[0]
     assert cut.finish_reason == "stop" and cut.stop_reason == stop
     assert cut.text == text[: text.index(stop)]
-    kept = llm.generate("hello", SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=[stop],
-                                               include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    kept = llm.generate(
+        "hello",
+        SamplingParams(
+            max_tokens=20, temperature=0, ignore_eos=True, stop=[stop], include_stop_str_in_output=True
+        ),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert kept.text == text[: text.index(stop) + len(stop)]
 
-    by_token = llm.generate("hello", SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[ids[3]]),
-                            use_tqdm=False)[0].outputs[0]
+    by_token = llm.generate(
+        "hello", SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[ids[3]]), use_tqdm=False
+    )[0].outputs[0]
     first = ids.index(ids[3])
     assert by_token.finish_reason == "stop" and by_token.stop_reason == ids[3]
     assert by_token.token_ids == ids[: first + 1]
@@ -112,17 +133,27 @@ def test_stop_string_and_stop_token(llm):
 
 
 def test_min_tokens_blocks_stop_tokens(llm):
-    ids = llm.generate("hello", SamplingParams(max_tokens=10, temperature=0, ignore_eos=True),
-                       use_tqdm=False)[0].outputs[0].token_ids
-    out = llm.generate("hello", SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[ids[0]], min_tokens=4),
-                       use_tqdm=False)[0].outputs[0]
+    ids = (
+        llm.generate("hello", SamplingParams(max_tokens=10, temperature=0, ignore_eos=True), use_tqdm=False)[
+            0
+        ]
+        .outputs[0]
+        .token_ids
+    )
+    out = llm.generate(
+        "hello",
+        SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[ids[0]], min_tokens=4),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert len(out.token_ids) >= 4 and ids[0] not in out.token_ids[:4]
 
 
 def test_stream_deltas_concatenate_to_final_text(llm):
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     final = llm.generate("hello world", params, use_tqdm=False)[0].outputs[0]
-    delta_params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    delta_params = SamplingParams(
+        max_tokens=24, temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+    )
     chunks, tokens, updates = [], [], 0
     for out in llm.stream("hello world", delta_params):
         chunks.append(out.outputs[0].text)
@@ -191,13 +222,18 @@ def test_logit_bias_outside_vocab_rejected(llm):
 
 
 def test_logit_bias_forces_token(llm):
-    out = llm.generate("hi", SamplingParams(max_tokens=5, temperature=0, logit_bias={77: 100}, ignore_eos=True),
-                       use_tqdm=False)[0].outputs[0]
+    out = llm.generate(
+        "hi",
+        SamplingParams(max_tokens=5, temperature=0, logit_bias={77: 100}, ignore_eos=True),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert out.token_ids == [77] * 5
 
 
 def test_unknown_architecture(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
+    )
     with pytest.raises(ValueError, match="unsupported model architecture.*Qwen2ForCausalLM"):
         LLM(str(tmp_path))
 
@@ -215,7 +251,7 @@ def test_directory_without_config(tmp_path):
 def test_missing_weights(tiny, tmp_path):
     for name in os.listdir(tiny[0]):
         if not name.endswith(".safetensors"):
-            (tmp_path / name).write_bytes((open(os.path.join(tiny[0], name), "rb")).read())
+            shutil.copy(os.path.join(tiny[0], name), tmp_path / name)
     with pytest.raises(FileNotFoundError, match="safetensors"):
         LLM(str(tmp_path))
 
@@ -227,7 +263,7 @@ def test_hub_id_without_network_says_so(monkeypatch):
 
 
 def test_dummy_weights_load_format(tiny):
-    llm = LLM(tiny[0], load_format="dummy", num_gpu_blocks_override=64, block_size=4)
+    llm = LLM(tiny[0], load_format="dummy", num_gpu_blocks_override=64, block_size=4, max_model_len=128)
     out = llm.generate([PROMPT_IDS[0]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
 
@@ -237,3 +273,8 @@ def test_engine_config_errors():
         LLM("x", block_size=3)
     with pytest.raises(ValueError, match="max_num_seqs"):
         LLM("x", max_num_seqs=0)
+
+
+def test_kv_cache_smaller_than_one_request(tiny):
+    with pytest.raises(ValueError, match="fewer than max_model_len"):
+        LLM(tiny[0], num_gpu_blocks_override=8, block_size=4, max_model_len=256)

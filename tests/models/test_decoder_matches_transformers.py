@@ -18,10 +18,19 @@ VARIANTS = {
     "qwen2-sliding-window": ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "qwen2-yarn": (
         "qwen2",
-        dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
-                              "rope_theta": 10000.0}),
+        dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+                "rope_theta": 10000.0,
+            }
+        ),
     ),
-    "llama-linear-rope": ("llama", dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})),
+    "llama-linear-rope": (
+        "llama",
+        dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+    ),
 }
 PROMPTS = [
     list(range(10, 13)),
@@ -73,7 +82,9 @@ def check_against_reference(llm: LLM, hf_model, prompts, max_tokens=MAX_TOKENS) 
     outputs = llm.generate(prompts, params, use_tqdm=False)
     for prompt, out in zip(prompts, outputs):
         tokens = out.outputs[0].token_ids
-        assert tokens == hf_greedy(hf_model, prompt, max_tokens), f"greedy tokens differ for prompt {prompt[:5]}"
+        assert tokens == hf_greedy(hf_model, prompt, max_tokens), (
+            f"greedy tokens differ for prompt {prompt[:5]}"
+        )
         ref = hf_logits(hf_model, prompt + tokens)
         ours = torch.stack(recorder.by_request[out.request_id])
         assert ours.shape[0] == max_tokens  # one logits row per generated token
@@ -84,14 +95,14 @@ def check_against_reference(llm: LLM, hf_model, prompts, max_tokens=MAX_TOKENS) 
 
 def test_batch_of_mixed_lengths(tiny):
     path, hf_model = tiny
-    llm = LLM(path, num_gpu_blocks_override=128, block_size=4, enable_prefix_caching=False)
+    llm = LLM(path, num_gpu_blocks_override=128, block_size=4, max_model_len=256, enable_prefix_caching=False)
     check_against_reference(llm, hf_model, PROMPTS)
     assert llm.llm_engine.core.scheduler.get_stats().kv_cache_usage == 0.0
 
 
 def test_prefix_caching_repeated_prompt(tiny):
     path, hf_model = tiny
-    llm = LLM(path, num_gpu_blocks_override=128, block_size=4, enable_prefix_caching=True)
+    llm = LLM(path, num_gpu_blocks_override=128, block_size=4, max_model_len=256, enable_prefix_caching=True)
     check_against_reference(llm, hf_model, PROMPTS[1:2])
     # Same prompt again, plus one sharing its first 20 tokens: both must reuse cached blocks.
     shared = PROMPTS[1][:20] + [11, 12, 13]
@@ -112,5 +123,12 @@ def test_preemption_with_tiny_kv_pool(tiny):
 
 def test_chunked_prefill_in_small_chunks(tiny):
     path, hf_model = tiny
-    llm = LLM(path, num_gpu_blocks_override=128, block_size=4, max_num_batched_tokens=5, max_num_seqs=3)
+    llm = LLM(
+        path,
+        num_gpu_blocks_override=128,
+        block_size=4,
+        max_model_len=256,
+        max_num_batched_tokens=5,
+        max_num_seqs=3,
+    )
     check_against_reference(llm, hf_model, PROMPTS)

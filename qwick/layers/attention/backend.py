@@ -35,7 +35,9 @@ class AttentionMetadata:
     num_rows: int
     num_tokens: int
     block_size: int
-    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot (block * block_size + offset) of each new token
+    slot_mapping: (
+        torch.Tensor
+    )  # [num_tokens] int64: cache slot (block * block_size + offset) of each new token
     query_start_loc: torch.Tensor  # [num_rows + 1] int32
     seq_lens: torch.Tensor  # [num_rows] int32: context length after this step
     block_tables: torch.Tensor  # [num_rows, max_blocks] int32, padded with the null block 0
@@ -63,8 +65,10 @@ class AttentionBackend(ABC):
         query_lens = [r.num_tokens for r in rows]
         seq_lens = [r.seq_len for r in rows]
         max_blocks = max(((s + bs - 1) // bs for s in seq_lens), default=1)
-        tables = [r.block_table[:max_blocks] + [0] * (max_blocks - min(len(r.block_table), max_blocks))
-                  for r in rows]
+        tables = [
+            r.block_table[:max_blocks] + [0] * (max_blocks - min(len(r.block_table), max_blocks))
+            for r in rows
+        ]
         starts = [0]
         for q in query_lens:
             starts.append(starts[-1] + q)

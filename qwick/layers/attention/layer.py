@@ -11,7 +11,12 @@ from qwick.layers.attention.backend import AttentionBackend
 
 class Attention(nn.Module):
     def __init__(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int | None = None
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
