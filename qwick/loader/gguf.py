@@ -16,10 +16,10 @@ The weights stay float32: every GGUF type dequantizes exactly into float32 (that
 The directory is built in a temporary sibling and renamed into place, under a file lock, so a crash
 never leaves half a cache and two processes never convert the same file twice. Its name is keyed by
 the file's identity (real path, size, mtime) and the converter version, so a changed file or a newer
-converter converts again. Nothing here imports torch, and the cached path costs one `stat`.
+converter converts again. The cached path imports nothing heavy and costs one `stat`.
 
-Public API: `gguf_to_hf_dir`, `convert_gguf`, `default_cache_root`, `is_gguf_file`, `is_converted`,
-`SUPPORTED_ARCHITECTURES`.
+Public API: `gguf_to_hf_dir`, `convert_gguf`, `cache_dir_for`, `default_cache_root`, `is_gguf_file`,
+`is_converted`, `SUPPORTED_ARCHITECTURES`.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ logger = logging.getLogger(__name__)
 # Bump when the layout or the content of a converted directory changes: old caches are then ignored.
 CONVERTER_VERSION = 1
 
-# GGUF `general.architecture` -> (HF model_type, HF architectures[0]).
-_CHUNK_ELEMS = 1 << 23  # rows per dequantization piece: about 32 MiB of float32
+_CHUNK_ELEMS = 1 << 23  # elements per dequantization piece: 32 MiB of float32
 
+# GGUF `general.architecture` -> (HF model_type, HF architectures[0]).
 SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
@@ -140,7 +140,9 @@ def cache_dir_for(gguf_path: str | os.PathLike, cache_root: str | None = None) -
     return os.path.join(root, "gguf", f"{stem}-{key}-v{CONVERTER_VERSION}")
 
 
-def gguf_to_hf_dir(gguf_path: str | os.PathLike, cache_root: str | None = None, *, progress: bool = True) -> str:
+def gguf_to_hf_dir(
+    gguf_path: str | os.PathLike, cache_root: str | None = None, *, progress: bool = True
+) -> str:
     """Return a Hugging Face-style directory for a GGUF file, converting it on first use.
 
     Later calls (in any process) return the cached directory at the cost of a `stat`. The cache lives
@@ -291,7 +293,9 @@ def _single_int(value: Any, key: str) -> int:
     if isinstance(value, list):
         values = set(value)
         if len(values) != 1:
-            raise ValueError(f"GGUF metadata {key} differs across layers ({sorted(values)}); qwick needs one.")
+            raise ValueError(
+                f"GGUF metadata {key} differs across layers ({sorted(values)}); qwick needs one."
+            )
         value = values.pop()
     return int(value)
 
@@ -313,7 +317,9 @@ def _build_config(
         if full in meta:
             return meta[full]
         if default is ...:
-            raise ValueError(f"{os.path.basename(path)} lacks the GGUF metadata key {full!r}; is the file complete?")
+            raise ValueError(
+                f"{os.path.basename(path)} lacks the GGUF metadata key {full!r}; is the file complete?"
+            )
         return default
 
     shapes = {t.name: tuple(int(x) for x in reversed(t.shape.tolist())) for t in reader.tensors}
@@ -327,7 +333,9 @@ def _build_config(
     vocab = shapes["token_embd.weight"][0]
     n_tokens = meta.get(f"{arch}.vocab_size")
     if n_tokens is not None and int(n_tokens) != vocab:
-        logger.warning("GGUF %s.vocab_size=%s but the embedding has %d rows; using the rows.", arch, n_tokens, vocab)
+        logger.warning(
+            "GGUF %s.vocab_size=%s but the embedding has %d rows; using the rows.", arch, n_tokens, vocab
+        )
 
     # head_dim: stated (qwen3 files), else implied by the q projection (which is n_heads * head_dim rows).
     q_rows = shapes["blk.0.attn_q.weight"][0]
@@ -337,7 +345,9 @@ def _build_config(
             f"inconsistent GGUF: {n_heads} heads of dim {head_dim} but attn_q has {q_rows} rows ({path})."
         )
     if model_type == "qwen2" and head_dim * n_heads != hidden:
-        raise ValueError(f"qwen2 needs num_heads * head_dim == hidden_size; got {n_heads}*{head_dim} != {hidden}.")
+        raise ValueError(
+            f"qwen2 needs num_heads * head_dim == hidden_size; got {n_heads}*{head_dim} != {hidden}."
+        )
     rope_dim = int(get("rope.dimension_count", head_dim))
     if rope_dim != head_dim:
         raise ValueError(
@@ -631,13 +641,23 @@ def _write_safetensors(path: str, reader, plan: list[_TensorPlan], src: str, *, 
     offset = 0
     for item in plan:
         nbytes = 4 * math.prod(item.shape)
-        header[item.hf_name] = {"dtype": "F32", "shape": list(item.shape), "data_offsets": [offset, offset + nbytes]}
+        header[item.hf_name] = {
+            "dtype": "F32",
+            "shape": list(item.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
-    header["__metadata__"] = {"format": "pt", "source": "gguf", "qwick_converter_version": str(CONVERTER_VERSION)}
+    header["__metadata__"] = {
+        "format": "pt",
+        "source": "gguf",
+        "qwick_converter_version": str(CONVERTER_VERSION),
+    }
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned, as safetensors writes it
 
-    bar = tqdm(total=len(plan), desc=f"Converting {os.path.basename(src)}", unit="tensor", disable=not progress)
+    bar = tqdm(
+        total=len(plan), desc=f"Converting {os.path.basename(src)}", unit="tensor", disable=not progress
+    )
     with open(path, "wb") as f, bar:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
@@ -646,7 +666,9 @@ def _write_safetensors(path: str, reader, plan: list[_TensorPlan], src: str, *, 
             bar.update(int(last))
         f.flush()
         if f.tell() != 8 + len(blob) + offset:
-            raise RuntimeError(f"internal error: wrote {f.tell()} bytes to {path}, expected {8 + len(blob) + offset}")
+            raise RuntimeError(
+                f"internal error: wrote {f.tell()} bytes to {path}, expected {8 + len(blob) + offset}"
+            )
 
 
 # --------------------------------------------------------------------------------------------------
