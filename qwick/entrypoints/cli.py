@@ -25,7 +25,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         default="auto",
         choices=["auto", "float32", "float16", "bfloat16"],
-        help="weight and activation dtype; auto: float32 on CPU, the checkpoint's on GPU",
+        help="weight and activation dtype; auto: bfloat16 on CPUs with native bf16 math (else float32), "
+        "the checkpoint's dtype on GPUs",
     )
     g.add_argument(
         "--max-model-len",

@@ -53,17 +53,24 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin_cache", emb.sin() * scaling, persistent=False)
         self.max_len = max_len
 
-    @staticmethod
-    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for `positions` ([tokens]), shaped [tokens, 1, head_dim] to broadcast over heads.
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim], positions: [tokens]."""
-        cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
-        q = q * cos + self._rotate_half(q) * sin
-        k = k * cos + self._rotate_half(k) * sin
-        return q, k
+        Gathered once per step and shared by every layer.
+        """
+        return (
+            self.cos_cache[positions].to(dtype).unsqueeze(1),
+            self.sin_cache[positions].to(dtype).unsqueeze(1),
+        )
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]; NeoX (rotate-half) layout."""
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

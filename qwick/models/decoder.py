@@ -16,9 +16,9 @@ from transformers import PretrainedConfig
 
 from qwick.layers.activation import SiluAndMul
 from qwick.layers.attention.layer import Attention
-from qwick.layers.linear import Linear
+from qwick.layers.linear import Linear, linear
 from qwick.layers.norm import RMSNorm
-from qwick.layers.rotary import RotaryEmbedding
+from qwick.layers.rotary import RotaryEmbedding, apply_rotary
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,7 @@ class DecoderFlags:
 
 
 class DecoderAttention(nn.Module):
-    def __init__(
-        self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int, rotary: RotaryEmbedding
-    ):
+    def __init__(self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -48,7 +46,6 @@ class DecoderAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.rotary = rotary
         self.attn = Attention(
             self.num_heads,
             self.num_kv_heads,
@@ -57,14 +54,14 @@ class DecoderAttention(nn.Module):
             _sliding_window(config, layer_idx),
         )
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rope)
         out = self.attn(q.flatten(1), k.flatten(1), v.contiguous())
         return self.o_proj(out)
 
@@ -91,24 +88,22 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(
-        self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int, rotary: RotaryEmbedding
-    ):
+    def __init__(self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int):
         super().__init__()
-        self.self_attn = DecoderAttention(config, flags, layer_idx, rotary)
+        self.self_attn = DecoderAttention(config, flags, layer_idx)
         self.mlp = DecoderMLP(config, flags)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x)
+        x = self.self_attn(rope, x)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -119,16 +114,15 @@ class DecoderModel(nn.Module):
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.rotary = RotaryEmbedding(config, head_dim, max_len)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, flags, i, self.rotary) for i in range(config.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(config, flags, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary(positions, x.dtype)
         residual = None
         for layer in self.layers:
-            x, residual = layer(positions, x, residual)
+            x, residual = layer(rope, x, residual)
         x, _ = self.norm(x, residual)
         return x
 
@@ -168,7 +162,7 @@ class DecoderForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+        return linear(hidden, weight).float()
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

@@ -23,7 +23,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(tiny):
-    return LLM(tiny[0], num_gpu_blocks_override=256, block_size=4, max_model_len=256)
+    return LLM(tiny[0], dtype="float32", num_gpu_blocks_override=256, block_size=4, max_model_len=256)
 
 
 def kv_usage(llm: LLM) -> float:
@@ -69,7 +69,12 @@ def test_seeded_sampling_reproducible_and_batch_independent(llm):
 
 def test_n_samples_share_prompt_blocks_without_prefix_caching(tiny):
     llm = LLM(
-        tiny[0], num_gpu_blocks_override=256, block_size=4, max_model_len=256, enable_prefix_caching=False
+        tiny[0],
+        dtype="float32",
+        num_gpu_blocks_override=256,
+        block_size=4,
+        max_model_len=256,
+        enable_prefix_caching=False,
     )
     prompt = list(range(30, 70))  # 40 tokens: 10 blocks
     out = llm.generate(
@@ -263,7 +268,14 @@ def test_hub_id_without_network_says_so(monkeypatch):
 
 
 def test_dummy_weights_load_format(tiny):
-    llm = LLM(tiny[0], load_format="dummy", num_gpu_blocks_override=64, block_size=4, max_model_len=128)
+    llm = LLM(
+        tiny[0],
+        dtype="float32",
+        load_format="dummy",
+        num_gpu_blocks_override=64,
+        block_size=4,
+        max_model_len=128,
+    )
     out = llm.generate([PROMPT_IDS[0]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
 
@@ -277,4 +289,4 @@ def test_engine_config_errors():
 
 def test_kv_cache_smaller_than_one_request(tiny):
     with pytest.raises(ValueError, match="fewer than max_model_len"):
-        LLM(tiny[0], num_gpu_blocks_override=8, block_size=4, max_model_len=256)
+        LLM(tiny[0], dtype="float32", num_gpu_blocks_override=8, block_size=4, max_model_len=256)

@@ -48,7 +48,9 @@ def test_greedy_equals_transformers_english_chinese_code(models):
             )[0, len(prompt) :].tolist()
         ours = out.outputs[0].token_ids
         assert len(ours) == NEW_TOKENS, f"stopped early: {out.outputs[0].text!r}"
-        assert ours == ref, f"diverged at token {next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)}"
+        assert ours == ref, (
+            f"diverged at token {next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)}"
+        )
     chinese = outputs[1].outputs[0].text
     assert "快速排序" in chinese and "\ufffd" not in chinese  # sensible, unbroken Chinese
     assert "def " in outputs[0].outputs[0].text

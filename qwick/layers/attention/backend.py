@@ -12,7 +12,7 @@ writes into persistent buffers instead of allocating, and `pad_to` rows point at
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,6 +46,8 @@ class AttentionMetadata:
     # Host-side copies, for backends that plan work on the CPU.
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
+    # Backend-private values derived once per step and reused by every layer.
+    plan: dict = field(default_factory=dict)
 
 
 class AttentionBackend(ABC):

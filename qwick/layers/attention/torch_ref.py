@@ -2,10 +2,13 @@
 
 Decode rows (one query token) are batched into one masked SDPA call; rows with several query tokens
 (prefill, chunked prefill, prefill after a prefix-cache hit) run one SDPA call each with an explicit causal
-mask offset by the cached context.
+mask offset by the cached context. Which cache slots each row reads, and the masks, are worked out once
+per step (`_plan`) and shared by all layers.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +26,56 @@ def _context_mask(
     return mask
 
 
+@dataclass
+class _Group:
+    """Rows attended in one SDPA call: their query tokens, the cache slots they read, and the mask."""
+
+    token_idx: torch.Tensor | slice  # query tokens in the flat batch
+    slots: torch.Tensor  # [rows, context] flat cache slot of each key position
+    q_pos: torch.Tensor  # [rows, 1, queries, 1] position of each query
+    k_pos: torch.Tensor  # [1, 1, 1, context]
+    seq_lens: torch.Tensor  # [rows, 1, 1, 1]
+    is_decode: bool  # several rows of one query each, or one row of several queries
+    masks: dict  # sliding_window -> mask, built on first use
+
+
+def _slots(tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    offsets = torch.arange(block_size, device=tables.device, dtype=torch.int64)
+    return (tables.long().unsqueeze(-1) * block_size + offsets).flatten(1)
+
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+
+    def _plan(self, md: AttentionMetadata) -> list[_Group]:
+        if "groups" in md.plan:
+            return md.plan["groups"]
+        device, bs = md.slot_mapping.device, md.block_size
+        groups: list[_Group] = []
+        decode_rows = [i for i, n in enumerate(md.query_lens_cpu) if n == 1]
+        if decode_rows:
+            max_len = max(md.seq_lens_cpu[i] for i in decode_rows)
+            idx = torch.tensor(decode_rows, device=device)
+            seq_lens = md.seq_lens[idx].long().view(-1, 1, 1, 1)
+            tables = md.block_tables[idx, : (max_len + bs - 1) // bs]
+            slots = _slots(tables, bs)
+            k_pos = torch.arange(slots.shape[1], device=device).view(1, 1, 1, -1)
+            groups.append(
+                _Group(md.query_start_loc[idx].long(), slots, seq_lens - 1, k_pos, seq_lens, True, {})
+            )
+        start = 0
+        for i, (n, seq_len) in enumerate(zip(md.query_lens_cpu, md.seq_lens_cpu)):
+            if n > 1:
+                tables = md.block_tables[i : i + 1, : (seq_len + bs - 1) // bs]
+                slots = _slots(tables, bs)[:, :seq_len]
+                q_pos = torch.arange(seq_len - n, seq_len, device=device).view(1, 1, -1, 1)
+                k_pos = torch.arange(seq_len, device=device).view(1, 1, 1, -1)
+                groups.append(
+                    _Group(slice(start, start + n), slots, q_pos, k_pos, torch.tensor(seq_len), False, {})
+                )
+            start += n
+        md.plan["groups"] = groups
+        return groups
 
     def forward(
         self,
@@ -38,58 +89,28 @@ class TorchAttentionBackend(AttentionBackend):
         sliding_window: int | None,
     ) -> torch.Tensor:
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
-        k_cache = kv_cache[0]
-        v_cache = kv_cache[1]
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, v.to(v_cache.dtype))
+        k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
+        v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
+        k_flat.index_copy_(0, metadata.slot_mapping, k.to(k_flat.dtype))
+        v_flat.index_copy_(0, metadata.slot_mapping, v.to(v_flat.dtype))
 
         out = torch.empty_like(q)
-        query_lens = metadata.query_lens_cpu
-        decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
-        if decode_rows:
-            self._decode(q, out, k_cache, v_cache, metadata, decode_rows, scale, sliding_window)
-        start = 0
-        for i, n in enumerate(query_lens):
-            if n > 1:
-                self._extend(q, out, k_cache, v_cache, metadata, i, start, scale, sliding_window)
-            start += n
+        for group in self._plan(metadata):
+            mask = group.masks.get(sliding_window)
+            if mask is None:
+                mask = _context_mask(group.q_pos, group.k_pos, group.seq_lens, sliding_window)
+                group.masks[sliding_window] = mask
+            keys = k_flat[group.slots].transpose(1, 2).to(q.dtype)  # [rows, kv_heads, context, head_dim]
+            values = v_flat[group.slots].transpose(1, 2).to(q.dtype)
+            query = q[group.token_idx]  # [rows, heads, head_dim]
+            if group.is_decode:  # one query per row
+                o = F.scaled_dot_product_attention(
+                    query.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+                )
+                out[group.token_idx] = o.squeeze(2)
+            else:  # one row, many queries
+                o = F.scaled_dot_product_attention(
+                    query.transpose(0, 1)[None], keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+                )
+                out[group.token_idx] = o[0].transpose(0, 1)
         return out
-
-    def _gather(self, cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-        """[rows, blocks] block ids -> [rows, kv_heads, blocks * block_size, head_dim]."""
-        rows, blocks = tables.shape
-        x = cache[tables.long()]  # [rows, blocks, block_size, kv_heads, head_dim]
-        return x.reshape(rows, blocks * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
-
-    def _decode(self, q, out, k_cache, v_cache, md: AttentionMetadata, rows, scale, sliding_window):
-        bs = md.block_size
-        max_len = max(md.seq_lens_cpu[i] for i in rows)
-        idx = torch.tensor(rows, device=q.device)
-        token_idx = md.query_start_loc[idx].long()
-        tables = md.block_tables[idx, : (max_len + bs - 1) // bs]
-        keys = self._gather(k_cache, tables)
-        values = self._gather(v_cache, tables)
-        seq_lens = md.seq_lens[idx].long().view(-1, 1, 1, 1)
-        k_pos = torch.arange(keys.shape[2], device=q.device).view(1, 1, 1, -1)
-        mask = _context_mask(seq_lens - 1, k_pos, seq_lens, sliding_window)
-        query = q[token_idx].unsqueeze(2)  # [rows, heads, 1, head_dim]
-        o = F.scaled_dot_product_attention(
-            query, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True
-        )
-        out[token_idx] = o.squeeze(2)
-
-    def _extend(self, q, out, k_cache, v_cache, md: AttentionMetadata, row, start, scale, sliding_window):
-        n = md.query_lens_cpu[row]
-        seq_len = md.seq_lens_cpu[row]
-        bs = md.block_size
-        tables = md.block_tables[row : row + 1, : (seq_len + bs - 1) // bs]
-        keys = self._gather(k_cache, tables)[:, :, :seq_len]
-        values = self._gather(v_cache, tables)[:, :, :seq_len]
-        q_pos = torch.arange(seq_len - n, seq_len, device=q.device).view(-1, 1)
-        k_pos = torch.arange(seq_len, device=q.device).view(1, -1)
-        mask = _context_mask(q_pos, k_pos, seq_len, sliding_window)
-        query = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, head_dim]
-        o = F.scaled_dot_product_attention(
-            query, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True
-        )
-        out[start : start + n] = o[0].transpose(0, 1)
