@@ -53,3 +53,15 @@ class Linear(nn.Module):
                 f"model {tuple(target.shape)}"
             )
         target.copy_(tensor)
+
+
+class VocabEmbedding(nn.Module):
+    """Token embedding table. Allocated empty: the checkpoint (or dummy init) fills it, so no time is
+    spent drawing 100M+ random numbers that get overwritten."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)

@@ -16,7 +16,7 @@ from transformers import PretrainedConfig
 
 from qwick.layers.activation import SiluAndMul
 from qwick.layers.attention.layer import Attention
-from qwick.layers.linear import Linear, linear
+from qwick.layers.linear import Linear, VocabEmbedding, linear
 from qwick.layers.norm import RMSNorm
 from qwick.layers.rotary import RotaryEmbedding, apply_rotary
 
@@ -113,7 +113,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.rotary = RotaryEmbedding(config, head_dim, max_len)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, flags, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -148,8 +148,7 @@ class DecoderForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-            self.lm_head.weight.requires_grad_(False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size)
         for p in self.parameters():
             p.requires_grad_(False)
 
