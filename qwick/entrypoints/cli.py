@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--sampling-seed", type=int, default=None)
     gen.set_defaults(func=cmd_generate)
+
+    from qwick.bench.cli import add_bench_parser
+
+    add_bench_parser(sub, add_engine_args)
     return parser
 
 

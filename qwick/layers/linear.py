@@ -27,6 +27,42 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+class LinearMethod:
+    """How a linear layer stores and applies its weight. Quantized formats subclass this."""
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        """Turn the loaded checkpoint weight into the form `apply` wants (repack, quantize, ...)."""
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, layer.weight, layer.bias)
+
+
+class CpuPackedLinearMethod(LinearMethod):
+    """bf16/fp16 weights pre-packed into oneDNN's blocked layout, as torch.compile does on CPUs.
+
+    Measured on this project's 2-core Xeon (bf16, 9728x896 weights streamed from memory): 21-22 GB/s at
+    1 and 16 rows, against 11-14 GB/s for `F.linear` on the plain weight.
+    """
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.data, 16)
+        layer.weight = nn.Parameter(packed, requires_grad=False)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
+
+
+def select_linear_method(device: torch.device, dtype: torch.dtype) -> LinearMethod:
+    if (
+        device.type == "cpu"
+        and dtype in (torch.bfloat16, torch.float16)
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    ):
+        return CpuPackedLinearMethod()
+    return LinearMethod()
+
+
 class Linear(nn.Module):
     def __init__(self, input_size: int, output_sizes: int | list[int], bias: bool = False) -> None:
         super().__init__()
@@ -36,8 +72,10 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.output_size, input_size), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(self.output_size), requires_grad=False) if bias else None
 
+        self.method = LinearMethod()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.method.apply(self, x)
 
     def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int = 0) -> None:
         """Copy a checkpoint tensor into its shard's rows of `weight` or `bias`."""

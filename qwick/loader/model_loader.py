@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from qwick.layers.linear import select_linear_method
 from qwick.loader.weights import fill_dummy_weights, iterate_safetensors
 from qwick.models.decoder import DecoderForCausalLM
 from qwick.models.registry import resolve_model_class
@@ -139,6 +140,7 @@ def build_model(
         missing = expected - loaded
         if missing:
             raise ValueError(f"checkpoint in {path} lacks weights: {', '.join(sorted(missing)[:8])}")
+    model.process_weights_after_loading(select_linear_method(device, dtype))
     model.eval()
     logger.info("Built %s (%s, %s) in %.1fs", model_cls.__name__, dtype, device, time.perf_counter() - start)
     return model

@@ -16,7 +16,7 @@ from transformers import PretrainedConfig
 
 from qwick.layers.activation import SiluAndMul
 from qwick.layers.attention.layer import Attention
-from qwick.layers.linear import Linear, VocabEmbedding, linear
+from qwick.layers.linear import Linear, LinearMethod, VocabEmbedding, linear
 from qwick.layers.norm import RMSNorm
 from qwick.layers.rotary import RotaryEmbedding, apply_rotary
 
@@ -160,8 +160,21 @@ class DecoderForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight).float()
+        if self.lm_head is None:
+            return linear(hidden, self.model.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+    def process_weights_after_loading(self, method: LinearMethod) -> None:
+        """Hand every linear layer its method once the checkpoint is in (repacking happens here)."""
+        if self.lm_head is None and type(method) is not LinearMethod:
+            # Tied: the embedding table stays plain for lookups; the LM head gets its own repacked copy.
+            weight = self.model.embed_tokens.weight
+            self.lm_head = Linear(weight.shape[1], weight.shape[0]).to(weight.device)
+            self.lm_head.weight.data = weight.data.clone()
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.method = method
+                method.process_weights_after_loading(module)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

@@ -1,0 +1,1 @@
+"""`qwick bench`: the benchmark workloads, each beside transformers on the same weights."""

@@ -1,0 +1,169 @@
+"""`qwick bench latency | throughput | load`: print a table, optionally write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import subprocess
+import sys
+
+import torch
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _machine() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def _build_llm(args: argparse.Namespace):
+    from qwick.entrypoints.cli import engine_config_from_args
+    from qwick.entrypoints.llm import LLM
+
+    return LLM(**dataclasses.asdict(engine_config_from_args(args)))
+
+
+def _reference(llm, args) -> object | None:
+    if not args.compare_transformers:
+        return None
+    from qwick.bench.hf_reference import load_transformers
+
+    runner = llm.llm_engine.core.runner
+    dtype = runner.dtype if args.reference_dtype == "same" else getattr(torch, args.reference_dtype)
+    return load_transformers(llm.llm_engine.model_path, dtype, str(runner.device))
+
+
+def cmd_latency(args: argparse.Namespace) -> dict:
+    from qwick.bench import engine_bench, hf_reference
+    from qwick.bench.workloads import fixed_requests
+
+    llm = _build_llm(args)
+    vocab = llm.llm_engine.vocab_size
+    reqs = fixed_requests(args.batch_size, args.input_len, args.output_len, vocab, seed=args.bench_seed)
+    engine_bench.step_timings(llm, fixed_requests(args.batch_size, 16, 4, vocab, seed=99))  # warm-up
+    runs = [engine_bench.step_timings(llm, reqs) for _ in range(args.num_iters)]
+    runs.sort(key=lambda r: r["decode_step_ms_median"])
+    result = {"qwick": runs[len(runs) // 2], "qwick_runs": runs}
+    ref = _reference(llm, args)
+    if ref is not None:
+        if args.batch_size == 1:
+            result["transformers"] = hf_reference.latency(ref, reqs[0])
+        else:
+            result["transformers"] = hf_reference.batched_throughput(ref, reqs)
+    return result
+
+
+def cmd_throughput(args: argparse.Namespace) -> dict:
+    from qwick.bench import engine_bench, hf_reference
+    from qwick.bench.workloads import fixed_requests, ranged_requests
+
+    llm = _build_llm(args)
+    vocab = llm.llm_engine.vocab_size
+    if args.input_len_range:
+        reqs = ranged_requests(
+            args.num_prompts,
+            tuple(args.input_len_range),
+            tuple(args.output_len_range),
+            vocab,
+            seed=args.bench_seed,
+        )
+    else:
+        reqs = fixed_requests(args.num_prompts, args.input_len, args.output_len, vocab, seed=args.bench_seed)
+    runs = [engine_bench.throughput(llm, reqs, temperature=args.temperature) for _ in range(args.num_iters)]
+    runs.sort(key=lambda r: r["output_tokens_per_s"])
+    result = {"qwick": runs[len(runs) // 2], "qwick_runs": runs}
+    ref = _reference(llm, args)
+    if ref is not None:
+        result["transformers"] = hf_reference.batched_throughput(ref, reqs)
+    return result
+
+
+def cmd_load(args: argparse.Namespace) -> dict:
+    from qwick.bench.load_time import measure
+
+    gguf = None
+    if args.compare_transformers:
+        if args.model is None:
+            from qwick.loader.demo import demo_gguf_path
+
+            gguf = demo_gguf_path()
+        elif args.model.endswith(".gguf"):
+            gguf = args.model
+    return measure(args.model, args.dtype, gguf)
+
+
+def add_bench_parser(sub, add_engine_args) -> None:
+    bench = sub.add_parser("bench", help="measure speed (see BENCHMARKS.md for the method)")
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+
+    def common(p):
+        add_engine_args(p)
+        p.add_argument(
+            "--compare-transformers",
+            action="store_true",
+            help="also run transformers on the same weights and inputs",
+        )
+        p.add_argument(
+            "--reference-dtype",
+            default="same",
+            choices=["same", "float32", "bfloat16", "float16"],
+            help="dtype of the transformers reference (same: qwick's)",
+        )
+        p.add_argument("--output-json", default=None, help="write the results here")
+        p.add_argument("--num-iters", type=int, default=3, help="repeats; the median is reported")
+        p.add_argument(
+            "--bench-seed", dest="bench_seed", type=int, default=0, help="seed of the random prompts"
+        )
+
+    lat = kinds.add_parser("latency", help="decode speed and time to first token at a fixed batch size")
+    common(lat)
+    lat.add_argument("--batch-size", type=int, default=1)
+    lat.add_argument("--input-len", type=int, default=128)
+    lat.add_argument("--output-len", type=int, default=256)
+    lat.set_defaults(func=lambda a: _run(a, cmd_latency))
+
+    thr = kinds.add_parser("throughput", help="one generate over many requests")
+    common(thr)
+    thr.add_argument("--num-prompts", type=int, default=256)
+    thr.add_argument("--input-len", type=int, default=128)
+    thr.add_argument("--output-len", type=int, default=128)
+    thr.add_argument("--input-len-range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))
+    thr.add_argument("--output-len-range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))
+    thr.add_argument("--temperature", type=float, default=0.6)
+    thr.set_defaults(func=lambda a: _run(a, cmd_throughput))
+
+    load = kinds.add_parser("load", help="cold and warm start-up time, in fresh processes")
+    common(load)
+    load.set_defaults(func=lambda a: _run(a, cmd_load))
+
+
+def _run(args: argparse.Namespace, fn) -> int:
+    result = fn(args)
+    report = {
+        "command": "qwick " + " ".join(sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "commit": _commit(),
+        "machine": _machine(),
+        "result": result,
+    }
+    print(json.dumps(report, indent=2))
+    ours, ref = result.get("qwick", {}), result.get("transformers", {})
+    key = "decode_tokens_per_s" if "decode_tokens_per_s" in ref else "output_tokens_per_s"
+    if ours.get(key) and ref.get(key):
+        print(f"qwick {ours[key]:.1f} tok/s, transformers {ref[key]:.1f} tok/s: {ours[key] / ref[key]:.2f}x")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0

@@ -1,0 +1,64 @@
+"""The reference: transformers' own model and `generate` on the same weights and the same inputs."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from qwick.bench.workloads import BenchRequest
+
+
+def load_transformers(model_dir: str, dtype: torch.dtype, device: str = "cpu"):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+
+
+def _generate(model, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> None:
+    longest = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (longest - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    with torch.no_grad():
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
+
+
+def latency(model, request: BenchRequest, pad_id: int = 0) -> dict:
+    """Batch-1 decode speed: TTFT from a 1-token generate, the rest from the full one."""
+    prompt = [request.prompt_token_ids]
+    _generate(model, prompt, 2, pad_id)  # warm-up
+    t = time.perf_counter()
+    _generate(model, prompt, 1, pad_id)
+    ttft = time.perf_counter() - t
+    t = time.perf_counter()
+    _generate(model, prompt, request.max_tokens, pad_id)
+    total = time.perf_counter() - t
+    per_token = (total - ttft) / max(request.max_tokens - 1, 1)
+    return {
+        "ttft_ms": 1000 * ttft,
+        "decode_step_ms": 1000 * per_token,
+        "decode_tokens_per_s": 1 / per_token,
+        "total_s": total,
+    }
+
+
+def batched_throughput(model, requests: list[BenchRequest], pad_id: int = 0) -> dict:
+    """All requests in one left-padded `generate` (transformers' best case for concurrent requests);
+    requests must share max_tokens."""
+    lengths = {r.max_tokens for r in requests}
+    if len(lengths) != 1:
+        raise ValueError("the transformers batch reference needs one max_tokens for all requests")
+    n_out = lengths.pop()
+    prompts = [r.prompt_token_ids for r in requests]
+    _generate(model, prompts[:1], 2, pad_id)  # warm-up
+    t = time.perf_counter()
+    _generate(model, prompts, n_out, pad_id)
+    seconds = time.perf_counter() - t
+    return {"seconds": seconds, "output_tokens_per_s": n_out * len(requests) / seconds}
