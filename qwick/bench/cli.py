@@ -8,7 +8,6 @@ import datetime
 import json
 import platform
 import subprocess
-import sys
 
 import torch
 
@@ -152,7 +151,7 @@ def add_bench_parser(sub, add_engine_args) -> None:
 def _run(args: argparse.Namespace, fn) -> int:
     result = fn(args)
     report = {
-        "command": "qwick " + " ".join(sys.argv[1:]),
+        "command": "qwick " + " ".join(args.argv),
         "date": datetime.date.today().isoformat(),
         "commit": _commit(),
         "machine": _machine(),

@@ -43,16 +43,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="token budget of one engine step (default 8192)",
     )
     g.add_argument(
-        "--no-enable-prefix-caching",
-        dest="enable_prefix_caching",
-        action="store_false",
-        help="turn off reuse of KV blocks across requests with a common prefix",
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse KV blocks across requests that share a prompt prefix",
     )
     g.add_argument(
-        "--no-enable-chunked-prefill",
-        dest="enable_chunked_prefill",
-        action="store_false",
-        help="prefill each prompt in one step instead of in budget-sized chunks",
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="split long prompts into budget-sized chunks that share steps with decodes",
     )
     g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV-cache size in blocks")
     g.add_argument(
@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

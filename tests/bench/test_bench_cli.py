@@ -1,0 +1,94 @@
+"""`qwick bench` runs end to end on a tiny model, beside transformers, and writes its JSON report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qwick.entrypoints.cli import main
+from tests.utils import make_tiny_model
+
+ENGINE = ["--dtype", "float32", "--num-gpu-blocks-override", "256", "--max-model-len", "512"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tiny-bench"))
+    make_tiny_model("qwen2", path)
+    return path
+
+
+def test_latency_report(tiny_dir, tmp_path):
+    out = tmp_path / "lat.json"
+    args = [
+        "bench",
+        "latency",
+        tiny_dir,
+        *ENGINE,
+        "--input-len",
+        "20",
+        "--output-len",
+        "8",
+        "--num-iters",
+        "2",
+        "--compare-transformers",
+        "--output-json",
+        str(out),
+    ]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["command"].startswith("qwick bench latency") and report["commit"] and report["date"]
+    ours, ref = report["result"]["qwick"], report["result"]["transformers"]
+    assert len(report["result"]["qwick_runs"]) == 2
+    assert ours["decode_tokens_per_s"] > 0 and ours["ttft_ms"] > 0
+    assert ref["decode_tokens_per_s"] > 0
+
+
+def test_throughput_report(tiny_dir, tmp_path):
+    out = tmp_path / "thr.json"
+    args = [
+        "bench",
+        "throughput",
+        tiny_dir,
+        *ENGINE,
+        "--num-prompts",
+        "6",
+        "--input-len",
+        "12",
+        "--output-len",
+        "5",
+        "--num-iters",
+        "1",
+        "--compare-transformers",
+        "--output-json",
+        str(out),
+    ]
+    assert main(args) == 0
+    result = json.loads(out.read_text())["result"]
+    assert result["qwick"]["output_tokens_per_s"] > 0
+    assert result["transformers"]["output_tokens_per_s"] > 0
+
+
+def test_throughput_with_length_ranges(tiny_dir, tmp_path):
+    out = tmp_path / "thr.json"
+    args = [
+        "bench",
+        "throughput",
+        tiny_dir,
+        *ENGINE,
+        "--num-prompts",
+        "5",
+        "--input-len-range",
+        "4",
+        "30",
+        "--output-len-range",
+        "2",
+        "9",
+        "--num-iters",
+        "1",
+        "--output-json",
+        str(out),
+    ]
+    assert main(args) == 0
+    assert json.loads(out.read_text())["result"]["qwick"]["seconds"] > 0
