@@ -50,9 +50,16 @@ def cmd_latency(args: argparse.Namespace) -> dict:
 
     llm = _build_llm(args)
     vocab = llm.llm_engine.vocab_size
+    engine_bench.step_timings(llm, fixed_requests(args.batch_size, 16, 4, vocab, seed=-1))  # warm-up
+    # Fresh prompts for every run, so no run is served from the prefix cache of an earlier one.
+    runs = [
+        engine_bench.step_timings(
+            llm,
+            fixed_requests(args.batch_size, args.input_len, args.output_len, vocab, seed=args.bench_seed + i),
+        )
+        for i in range(args.num_iters)
+    ]
     reqs = fixed_requests(args.batch_size, args.input_len, args.output_len, vocab, seed=args.bench_seed)
-    engine_bench.step_timings(llm, fixed_requests(args.batch_size, 16, 4, vocab, seed=99))  # warm-up
-    runs = [engine_bench.step_timings(llm, reqs) for _ in range(args.num_iters)]
     runs.sort(key=lambda r: r["decode_step_ms_median"])
     result = {"qwick": runs[len(runs) // 2], "qwick_runs": runs}
     ref = _reference(llm, args)
@@ -70,17 +77,20 @@ def cmd_throughput(args: argparse.Namespace) -> dict:
 
     llm = _build_llm(args)
     vocab = llm.llm_engine.vocab_size
-    if args.input_len_range:
-        reqs = ranged_requests(
-            args.num_prompts,
-            tuple(args.input_len_range),
-            tuple(args.output_len_range),
-            vocab,
-            seed=args.bench_seed,
-        )
-    else:
-        reqs = fixed_requests(args.num_prompts, args.input_len, args.output_len, vocab, seed=args.bench_seed)
-    runs = [engine_bench.throughput(llm, reqs, temperature=args.temperature) for _ in range(args.num_iters)]
+
+    def workload(seed: int):
+        if args.input_len_range:
+            return ranged_requests(
+                args.num_prompts, tuple(args.input_len_range), tuple(args.output_len_range), vocab, seed=seed
+            )
+        return fixed_requests(args.num_prompts, args.input_len, args.output_len, vocab, seed=seed)
+
+    # Fresh prompts for every run, so no run is served from the prefix cache of an earlier one.
+    runs = [
+        engine_bench.throughput(llm, workload(args.bench_seed + i), temperature=args.temperature)
+        for i in range(args.num_iters)
+    ]
+    reqs = workload(args.bench_seed)
     runs.sort(key=lambda r: r["output_tokens_per_s"])
     result = {"qwick": runs[len(runs) // 2], "qwick_runs": runs}
     ref = _reference(llm, args)
