@@ -31,7 +31,7 @@ def _inv_freq(config: PretrainedConfig, head_dim: int, max_len: int) -> tuple[to
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         base = params["rope_theta"]
-        return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)), 1.0
+        return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float, device="cpu") / head_dim)), 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(
             f"unsupported rope type {rope_type!r}; supported: default, {', '.join(ROPE_INIT_FUNCTIONS)}"
@@ -45,8 +45,10 @@ def _inv_freq(config: PretrainedConfig, head_dim: int, max_len: int) -> tuple[to
 class RotaryEmbedding(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int, max_len: int) -> None:
         super().__init__()
+        # Tabulated on the CPU whatever the target device, so every device gets bit-identical tables.
         inv_freq, scaling = _inv_freq(config, head_dim, max_len)
-        positions = torch.arange(max_len, dtype=torch.float)
+        inv_freq = inv_freq.to("cpu")
+        positions = torch.arange(max_len, dtype=torch.float, device="cpu")
         freqs = positions[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_cache", emb.cos() * scaling, persistent=False)

@@ -131,7 +131,7 @@ def build_model(
     finally:
         torch.set_default_dtype(torch_default)
     # rotary tables stay fp32: transformers computes cos/sin in fp32 too
-    model.model.rotary.float()
+    model.model.rotary.to(device=device, dtype=torch.float32)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:

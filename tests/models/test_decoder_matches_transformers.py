@@ -86,10 +86,10 @@ def check_against_reference(llm: LLM, hf_model, prompts, max_tokens=MAX_TOKENS) 
             f"greedy tokens differ for prompt {prompt[:5]}"
         )
         ref = hf_logits(hf_model, prompt + tokens)
-        ours = torch.stack(recorder.by_request[out.request_id])
+        ours = torch.stack(recorder.by_request[out.request_id]).cpu()
         assert ours.shape[0] == max_tokens  # one logits row per generated token
         expected = ref[len(prompt) - 1 : len(prompt) - 1 + max_tokens]
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+        torch.testing.assert_close(ours, expected.to(ours.device), atol=1e-4, rtol=0)
     return outputs
 
 
