@@ -59,3 +59,13 @@ def _load_transformers_gguf(gguf_path: str):
 def load_transformers_gguf():
     """`load(gguf_path) -> transformers model` loaded by transformers' own GGUF support."""
     return _load_transformers_gguf
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory) -> str:
+    """A tiny random Qwen2 checkpoint with a byte-level tokenizer, shared by the whole session."""
+    from tests.utils import make_tiny_model
+
+    path = str(tmp_path_factory.mktemp("tiny-qwen2-shared"))
+    make_tiny_model("qwen2", path)
+    return path

@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from qwick.entrypoints.cli import main
-from tests.utils import make_tiny_model
 
 ENGINE = ["--dtype", "float32", "--num-gpu-blocks-override", "256", "--max-model-len", "512"]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("tiny-bench"))
-    make_tiny_model("qwen2", path)
-    return path
-
-
-def test_latency_report(tiny_dir, tmp_path):
+def test_latency_report(tiny_qwen2_dir, tmp_path):
     out = tmp_path / "lat.json"
     args = [
         "bench",
         "latency",
-        tiny_dir,
+        tiny_qwen2_dir,
         *ENGINE,
         "--input-len",
         "20",
@@ -45,12 +35,12 @@ def test_latency_report(tiny_dir, tmp_path):
     assert ref["decode_tokens_per_s"] > 0
 
 
-def test_throughput_report(tiny_dir, tmp_path):
+def test_throughput_report(tiny_qwen2_dir, tmp_path):
     out = tmp_path / "thr.json"
     args = [
         "bench",
         "throughput",
-        tiny_dir,
+        tiny_qwen2_dir,
         *ENGINE,
         "--num-prompts",
         "6",
@@ -70,12 +60,12 @@ def test_throughput_report(tiny_dir, tmp_path):
     assert result["transformers"]["output_tokens_per_s"] > 0
 
 
-def test_throughput_with_length_ranges(tiny_dir, tmp_path):
+def test_throughput_with_length_ranges(tiny_qwen2_dir, tmp_path):
     out = tmp_path / "thr.json"
     args = [
         "bench",
         "throughput",
-        tiny_dir,
+        tiny_qwen2_dir,
         *ENGINE,
         "--num-prompts",
         "5",

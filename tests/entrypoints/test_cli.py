@@ -5,20 +5,12 @@ from __future__ import annotations
 import pytest
 
 from qwick.entrypoints.cli import main
-from tests.utils import make_tiny_model
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("tiny-cli"))
-    make_tiny_model("qwen2", path)
-    return path
-
-
-def test_generate_streams_the_completion(tiny_dir, capsys):
+def test_generate_streams_the_completion(tiny_qwen2_dir, capsys):
     args = [
         "generate",
-        tiny_dir,
+        tiny_qwen2_dir,
         "--prompt",
         "hello",
         "--max-tokens",
