@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class EngineCoreOutput:
+    # A plain dataclass: msgspec carries it to the API process as it is, and the engine stays importable
+    # without the server's dependencies (the GPU machine has no msgspec).
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[TokenLogprobs] | None
