@@ -146,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     from qwick.bench.cli import add_bench_parser
+    from qwick.server.cli import add_chat_parser, add_serve_parser
 
+    add_serve_parser(sub, add_engine_args)
+    add_chat_parser(sub, add_engine_args)
     add_bench_parser(sub, add_engine_args)
     return parser
 
