@@ -113,6 +113,18 @@ def cmd_load(args: argparse.Namespace) -> dict:
     return measure(args.model, args.dtype, gguf)
 
 
+def cmd_serve(args: argparse.Namespace) -> dict:
+    import asyncio
+
+    from qwick.bench import serve_bench
+    from qwick.bench.workloads import fixed_requests
+
+    reqs = fixed_requests(
+        args.num_prompts, args.input_len, args.output_len, args.vocab_size, seed=args.bench_seed
+    )
+    return {"server": asyncio.run(serve_bench.run(args.url, reqs, args.concurrency, args.api_key))}
+
+
 def add_bench_parser(sub, add_engine_args) -> None:
     bench = sub.add_parser("bench", help="measure speed (see BENCHMARKS.md for the method)")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
@@ -152,6 +164,20 @@ def add_bench_parser(sub, add_engine_args) -> None:
     thr.add_argument("--output-len-range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))
     thr.add_argument("--temperature", type=float, default=0.6)
     thr.set_defaults(func=lambda a: _run(a, cmd_throughput))
+
+    srv = kinds.add_parser(
+        "serve", help="a running `qwick serve` over HTTP with streaming, fixed concurrency"
+    )
+    srv.add_argument("--url", default="http://127.0.0.1:8000")
+    srv.add_argument("--api-key", default=None)
+    srv.add_argument("--num-prompts", type=int, default=64)
+    srv.add_argument("--concurrency", type=int, default=16)
+    srv.add_argument("--input-len", type=int, default=128)
+    srv.add_argument("--output-len", type=int, default=128)
+    srv.add_argument("--vocab-size", type=int, default=151936, help="random prompt ids are drawn below this")
+    srv.add_argument("--bench-seed", dest="bench_seed", type=int, default=0)
+    srv.add_argument("--output-json", default=None)
+    srv.set_defaults(func=lambda a: _run(a, cmd_serve))
 
     load = kinds.add_parser("load", help="cold and warm start-up time, in fresh processes")
     common(load)
