@@ -1,0 +1,635 @@
+"""Triton attention over the paged KV cache: the GPU backend (TorchAttentionBackend is its oracle).
+
+Three kernels per layer, all launched without a host sync (grid sizes come from the step's metadata,
+which is built once on the host from the scheduler's lists and shared by every layer):
+
+- `_kv_write_kernel`: one program per new token scatters its k/v (all kv heads) into the cache slot
+  `slot_mapping[t]`; slots < 0 are skipped (padding rows of a CUDA-graph batch).
+- decode (rows with one query token): flash-decoding. The grid is (row, kv head, split): each program
+  loads the query vectors of the whole GQA group (`G_PAD` >= 16 rows, padded, so `tl.dot` runs on tensor
+  cores) and reads each KV page of its context partition once for all of them, with an online softmax.
+  With several splits, each writes its partial output and log-sum-exp, and `_decode_reduce_kernel`
+  combines them. The grid depends only on (padded batch, kv heads, splits): static under CUDA graphs when
+  the split count is fixed (`fixed_num_splits`).
+- extend (rows with several query tokens: prefill, chunked prefill, prefill after a prefix hit): a
+  flash-attention kernel over (query tile of BLOCK_M tokens, head): the causal mask is offset by the row's
+  cached context, and a sliding window moves the first key tile forward.
+
+A mixed step runs both attention kernels over disjoint sets of rows, writing disjoint output tokens.
+Softmax is computed in fp32 with exp2; P is cast to the KV dtype for the P@V product, as flash attention
+does; fp32 inputs use IEEE (not TF32) dot products.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+from qwick.layers.attention.backend import AttentionBackend, AttentionMetadata, AttentionRow
+
+LOG2E = 1.4426950408889634
+# Decode split-KV defaults: splits per row are chosen so that (rows x kv heads x splits) is about
+# SPLIT_FILL x the number of SMs, each split reading at least MIN_TOKENS_PER_SPLIT keys.
+SPLIT_FILL = 2
+MIN_TOKENS_PER_SPLIT = 128
+MAX_NUM_SPLITS = 64
+NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
+# A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
+# real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
+_NEG = tl.constexpr(-1.0e30)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------------------------
+@triton.jit
+def _tile_mask(row_ok, d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
+    """Mask of a [rows, D_PAD] tile. Without head-dim padding it is constant along d, which keeps the
+    loads and stores 16-byte vectorized (a `d < HEAD_DIM` term would defeat Triton's analysis)."""
+    if D_PAD == HEAD_DIM:
+        return row_ok[:, None]
+    else:
+        return row_ok[:, None] & (d < HEAD_DIM)[None, :]
+
+
+@triton.jit
+def _kv_write_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cs,
+    stride_ch,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    H_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    hv = tl.arange(0, H_PAD)
+    h = hv[:, None]
+    d = tl.arange(0, D_PAD)
+    mask = _tile_mask((hv < NUM_KV_HEADS) & (slot >= 0), d, HEAD_DIM, D_PAD)
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d[None, :], mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d[None, :], mask=mask)
+    dst = slot * stride_cs + h * stride_ch + d[None, :]
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["num_splits", "window", "group"])
+def _decode_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_ptr,
+    rows_ptr,
+    scale_log2,
+    num_splits,
+    window,
+    group,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_cs,
+    stride_ch,
+    stride_mo_r,
+    stride_mo_h,
+    stride_mo_s,
+    stride_ml_r,
+    stride_ml_h,
+    G_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    i = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    row = tl.load(rows_ptr + i)
+    seq_len = tl.load(seq_lens_ptr + row)
+    tok = tl.load(query_start_ptr + row).to(tl.int64)
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    head = kvh * group + g
+    g_mask = g < group
+    gd_mask = _tile_mask(g_mask, d, HEAD_DIM, D_PAD)
+    q = tl.load(q_ptr + tok * stride_qt + head[:, None] * stride_qh + d[None, :], mask=gd_mask, other=0.0)
+
+    # This split's range of key tiles; the window (if any) moves the first key forward.
+    start = tl.maximum(seq_len - window, 0)
+    first = start // BLOCK_N
+    last = tl.cdiv(seq_len, BLOCK_N)
+    per_split = tl.cdiv(last - first, num_splits)
+    t0 = first + split * per_split
+    t1 = tl.minimum(t0 + per_split, last)
+
+    m_i = tl.full([G_PAD], _NEG, tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    bt_row = block_tables_ptr + row.to(tl.int64) * stride_bt
+    kv_off = kvh * stride_ch + d[None, :]
+    for t in range(t0, t1):
+        n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        in_seq = n < seq_len
+        valid = in_seq & (n >= start)
+        page = tl.load(bt_row + n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
+        slot = page * BLOCK_SIZE + n % BLOCK_SIZE
+        kv_mask = _tile_mask(valid, d, HEAD_DIM, D_PAD)
+        k = tl.load(k_cache_ptr + slot[:, None] * stride_cs + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + slot[:, None] * stride_cs + kv_off, mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
+        qk = tl.where(valid[None, :], qk, _NEG)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    if num_splits == 1:
+        tl.store(
+            out_ptr + tok * stride_ot + head[:, None] * stride_oh + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=gd_mask,
+        )
+    else:
+        mid = mid_o_ptr + i * stride_mo_r + head[:, None] * stride_mo_h + split * stride_mo_s + d[None, :]
+        tl.store(mid, o, mask=gd_mask)
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(mid_lse_ptr + i * stride_ml_r + head * stride_ml_h + split, lse, mask=g_mask)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_reduce_kernel(
+    mid_o_ptr,
+    mid_lse_ptr,
+    out_ptr,
+    query_start_ptr,
+    rows_ptr,
+    num_splits,
+    stride_mo_r,
+    stride_mo_h,
+    stride_mo_s,
+    stride_ml_r,
+    stride_ml_h,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
+    S_CHUNK: tl.constexpr,
+):
+    """out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse); empty splits have lse = -inf."""
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    row = tl.load(rows_ptr + i)
+    tok = tl.load(query_start_ptr + row).to(tl.int64)
+    lse_row = mid_lse_ptr + i * stride_ml_r + h * stride_ml_h
+    s = tl.arange(0, S_PAD)
+    lse = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    denom = tl.sum(tl.exp2(lse - mx), 0)
+    denom = tl.where(denom > 0, denom, 1.0)
+    d = tl.arange(0, D_PAD)
+    acc = tl.zeros([D_PAD], tl.float32)
+    o_row = mid_o_ptr + i * stride_mo_r + h * stride_mo_h
+    for s0 in range(0, num_splits, S_CHUNK):
+        sc = s0 + tl.arange(0, S_CHUNK)
+        sc_mask = sc < num_splits
+        w = tl.exp2(tl.load(lse_row + sc, mask=sc_mask, other=float("-inf")) - mx)
+        o = tl.load(
+            o_row + sc[:, None] * stride_mo_s + d[None, :],
+            mask=_tile_mask(sc_mask, d, HEAD_DIM, D_PAD),
+            other=0.0,
+        )
+        acc += tl.sum(w[:, None] * o, 0)
+    res = (acc / denom).to(out_ptr.dtype.element_ty)
+    if D_PAD == HEAD_DIM:
+        tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, res)
+    else:
+        tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, res, mask=d < HEAD_DIM)
+
+
+@triton.jit
+def _extend_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_pos,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_row,
+    kv_off,
+    d,
+    seq_len,
+    scale_log2,
+    window,
+    n_start,
+    n_end,
+    stride_cs,
+    MASKED: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """Online-softmax over key tiles [n_start, n_end); MASKED=False for tiles every query fully sees."""
+    for n0 in range(n_start, n_end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        in_seq = n < seq_len
+        page = tl.load(bt_row + n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
+        slot = page * BLOCK_SIZE + n % BLOCK_SIZE
+        kv_mask = _tile_mask(in_seq, d, HEAD_DIM, D_PAD)
+        k = tl.load(k_cache_ptr + slot[:, None] * stride_cs + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + slot[:, None] * stride_cs + kv_off, mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
+        if MASKED:
+            mask = (n[None, :] <= q_pos[:, None]) & in_seq[None, :]
+            mask = mask & (n[None, :] > q_pos[:, None] - window)
+            qk = tl.where(mask, qk, _NEG)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["window", "group"])
+def _extend_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_ptr,
+    tiles_ptr,
+    scale_log2,
+    window,
+    group,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_cs,
+    stride_ch,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // group
+    row = tl.load(tiles_ptr + 2 * tile)
+    m0 = tl.load(tiles_ptr + 2 * tile + 1)
+    q_start = tl.load(query_start_ptr + row)
+    q_len = tl.load(query_start_ptr + row + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + row)
+    ctx = seq_len - q_len  # tokens already in the cache before this step's queries
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    q_pos = ctx + offs_m
+    tok = (q_start + offs_m).to(tl.int64)
+    d = tl.arange(0, D_PAD)
+    md_mask = _tile_mask(m_mask, d, HEAD_DIM, D_PAD)
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + h * stride_qh + d[None, :], mask=md_mask, other=0.0)
+
+    # Key tiles: [lo, hi) in all. Tiles in [full_lo, full_hi) lie before the tile's first query and
+    # inside the window of its last one, so they need no mask; the rest (the diagonal, the window's
+    # edge, the sequence end) are masked.
+    first_q = ctx + m0
+    last_q = tl.minimum(seq_len, first_q + BLOCK_M) - 1
+    hi = last_q + 1  # causal: no key past the tile's last query
+    lo = (tl.maximum(first_q - window + 1, 0) // BLOCK_N) * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(last_q - window + 1, 0), BLOCK_N) * BLOCK_N, lo), hi)
+    full_hi = tl.maximum(((first_q + 1) // BLOCK_N) * BLOCK_N, full_lo)
+
+    m_i = tl.full([BLOCK_M], _NEG, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    bt_row = block_tables_ptr + row.to(tl.int64) * stride_bt
+    kv_off = kvh * stride_ch + d[None, :]
+    acc, l_i, m_i = _extend_tiles(
+        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, d, seq_len, scale_log2, window,
+        lo, full_lo, stride_cs, True, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
+    )  # fmt: skip
+    acc, l_i, m_i = _extend_tiles(
+        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, d, seq_len, scale_log2, window,
+        full_lo, full_hi, stride_cs, False, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
+    )  # fmt: skip
+    acc, l_i, m_i = _extend_tiles(
+        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, d, seq_len, scale_log2, window,
+        full_hi, hi, stride_cs, True, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
+    )  # fmt: skip
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    tl.store(
+        out_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=md_mask,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# backend
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class _TritonPlan:
+    """Per-step values shared by all layers: which rows take which kernel, and scratch buffers."""
+
+    num_decode: int
+    decode_rows: torch.Tensor | None  # [num_decode] int32 row indices
+    decode_max_seq_len: int
+    extend_rows: list[tuple[int, int]]  # (row, query tokens) of rows with several queries
+    tiles: dict = field(default_factory=dict)  # BLOCK_M -> [num_tiles, 2] int32: (row, first query)
+    buffers: dict = field(default_factory=dict)  # (heads, head_dim, splits) -> (mid_o, mid_lse)
+
+
+def _pow2(x: int, lo: int = 1) -> int:
+    return max(lo, triton.next_power_of_2(x))
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Paged attention in Triton; a drop-in for TorchAttentionBackend on CUDA devices.
+
+    Tunables (instance attributes, so a benchmark can sweep them): `decode_config` / `extend_config`
+    override the kernels' meta-parameters (None: the measured defaults in `_decode_cfg`/`_extend_cfg`);
+    `split_fill`, `max_num_splits`, `min_tokens_per_split` shape the split-KV heuristic;
+    `fixed_num_splits` pins the split count (a CUDA-graph runner sets it so the decode grid is the same
+    on every replay).
+    """
+
+    name = "triton"
+
+    def __init__(
+        self, block_size: int, device: torch.device | str, fixed_num_splits: int | None = None
+    ) -> None:
+        super().__init__(block_size, torch.device(device))
+        if self.device.type == "cuda":
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            self.num_sms = torch.cuda.get_device_properties(index).multi_processor_count
+        else:  # the Triton interpreter (tests on CPU)
+            self.num_sms = 132
+        self.fixed_num_splits = fixed_num_splits
+        self.min_tokens_per_split = MIN_TOKENS_PER_SPLIT
+        self.split_fill = SPLIT_FILL
+        self.max_num_splits = MAX_NUM_SPLITS
+        self.decode_config: dict | None = None
+        self.extend_config: dict | None = None
+
+    # ---- tuning --------------------------------------------------------------------------------------
+    def _decode_cfg(self, head_dim: int, itemsize: int) -> dict:
+        if self.decode_config is not None:
+            return self.decode_config
+        if itemsize == 4:  # IEEE fp32 dots run on FMAs and need many registers: small tiles
+            return {"BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
+        # Measured on the H200 at qwen2.5-7b shapes (attention_bench --sweep).
+        return {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+
+    def _extend_cfg(self, head_dim: int, itemsize: int, max_query_len: int) -> dict:
+        if self.extend_config is not None:
+            return self.extend_config
+        if itemsize == 4:
+            return {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2}
+        # Measured on the H200 at qwen2.5-7b shapes (attention_bench --sweep): 128x128 tiles are fastest
+        # for long prompts (358 TFLOP/s at 8k); 64x64 wastes less on short chunks.
+        if head_dim > 64 and max_query_len >= 128:
+            return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+
+    # ---- metadata ------------------------------------------------------------------------------------
+    def build_metadata(self, rows: list[AttentionRow]) -> AttentionMetadata:
+        md = super().build_metadata(rows)
+        self._plan(md)
+        return md
+
+    def _plan(self, md: AttentionMetadata) -> _TritonPlan:
+        """Split the rows between the kernels (host lists only: no device sync), once per step."""
+        plan = md.plan.get("triton")
+        if plan is not None:
+            return plan
+        decode = [i for i, n in enumerate(md.query_lens_cpu) if n == 1]
+        plan = _TritonPlan(
+            num_decode=len(decode),
+            decode_rows=self._to_dev(decode, md) if decode else None,
+            decode_max_seq_len=max((md.seq_lens_cpu[i] for i in decode), default=0),
+            extend_rows=[(i, n) for i, n in enumerate(md.query_lens_cpu) if n > 1],
+        )
+        md.plan["triton"] = plan
+        return plan
+
+    @staticmethod
+    def _to_dev(values: list[int], md: AttentionMetadata) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32).to(md.seq_lens.device, non_blocking=True)
+
+    def _tiles(self, plan: _TritonPlan, md: AttentionMetadata, block_m: int) -> torch.Tensor:
+        tiles = plan.tiles.get(block_m)
+        if tiles is None:
+            flat = [x for i, n in plan.extend_rows for m0 in range(0, n, block_m) for x in (i, m0)]
+            tiles = plan.tiles[block_m] = self._to_dev(flat, md).view(-1, 2)
+        return tiles
+
+    def num_splits(self, num_rows: int, num_kv_heads: int, max_seq_len: int) -> int:
+        """Splits per decode row: about `split_fill` programs per SM, each reading at least
+        `min_tokens_per_split` keys.
+
+        Known gap (H200, qwen2.5-7b shapes): the cdiv can overshoot one wave of resident programs
+        (batch 8 at 32k: 9 splits = 288 programs for ~264 slots, 2.9 TB/s, while 17 splits gave 3.8);
+        a wave-aware count (floor, or whole waves) is the next thing to measure."""
+        if self.fixed_num_splits is not None:
+            return self.fixed_num_splits
+        want = triton.cdiv(self.split_fill * self.num_sms, max(1, num_rows * num_kv_heads))
+        by_len = triton.cdiv(max(max_seq_len, 1), self.min_tokens_per_split)
+        return max(1, min(want, by_len, self.max_num_splits))
+
+    # ---- per layer -----------------------------------------------------------------------------------
+    def write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """Scatter k/v `[tokens, kv_heads, head_dim]` into the cache at `slot_mapping` (< 0: skipped)."""
+        tokens, num_kv_heads, head_dim = k.shape
+        if tokens == 0:
+            return
+        if k.stride(2) != 1:
+            k = k.contiguous()
+        if v.stride(2) != 1:
+            v = v.contiguous()
+        _kv_write_kernel[(tokens,)](
+            k,
+            v,
+            kv_cache[0],
+            kv_cache[1],
+            slot_mapping,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            kv_cache.stride(2),
+            kv_cache.stride(3),
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            H_PAD=_pow2(num_kv_heads),
+            D_PAD=_pow2(head_dim),
+            num_warps=1 if num_kv_heads * head_dim <= 512 else 4,
+        )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None,
+    ) -> torch.Tensor:
+        if not kv_cache.is_contiguous():
+            raise ValueError("the triton backend needs a contiguous KV cache")
+        if kv_cache.shape[2] != metadata.block_size:
+            raise ValueError("KV cache block size does not match the metadata's")
+        self.write_kv(k, v, kv_cache, metadata.slot_mapping)
+        if q.stride(2) != 1:
+            q = q.contiguous()
+        plan = self._plan(metadata)
+        out = torch.empty_like(q)
+        if plan.num_decode:
+            self._decode(q, kv_cache, out, metadata, plan, scale, sliding_window)
+        if plan.extend_rows:
+            self._extend(q, kv_cache, out, metadata, plan, scale, sliding_window)
+        return out
+
+    def _decode(self, q, kv_cache, out, md, plan, scale, sliding_window) -> None:
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads = kv_cache.shape[3]
+        splits = self.num_splits(plan.num_decode, num_kv_heads, plan.decode_max_seq_len)
+        key = (num_heads, head_dim, splits)
+        bufs = plan.buffers.get(key)
+        if bufs is None:
+            shape = (plan.num_decode, num_heads, splits)
+            mid_o = torch.empty((*shape, head_dim), dtype=torch.float32, device=q.device)
+            mid_lse = torch.empty(shape, dtype=torch.float32, device=q.device)
+            bufs = plan.buffers[key] = (mid_o, mid_lse)
+        mid_o, mid_lse = bufs
+        cfg = self._decode_cfg(head_dim, q.element_size())
+        d_pad = _pow2(head_dim, 16)
+        _decode_kernel[(plan.num_decode, num_kv_heads, splits)](
+            q,
+            kv_cache[0],
+            kv_cache[1],
+            out,
+            mid_o,
+            mid_lse,
+            md.block_tables,
+            md.seq_lens,
+            md.query_start_loc,
+            plan.decode_rows,
+            float(scale) * LOG2E,
+            splits,
+            int(sliding_window) if sliding_window else NO_WINDOW,
+            num_heads // num_kv_heads,
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            md.block_tables.stride(0),
+            kv_cache.stride(2),
+            kv_cache.stride(3),
+            mid_o.stride(0),
+            mid_o.stride(1),
+            mid_o.stride(2),
+            mid_lse.stride(0),
+            mid_lse.stride(1),
+            G_PAD=_pow2(num_heads // num_kv_heads, 16),
+            HEAD_DIM=head_dim,
+            D_PAD=d_pad,
+            BLOCK_SIZE=md.block_size,
+            DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+            **cfg,
+        )
+        if splits > 1:
+            _decode_reduce_kernel[(plan.num_decode, num_heads)](
+                mid_o,
+                mid_lse,
+                out,
+                md.query_start_loc,
+                plan.decode_rows,
+                splits,
+                mid_o.stride(0),
+                mid_o.stride(1),
+                mid_o.stride(2),
+                mid_lse.stride(0),
+                mid_lse.stride(1),
+                out.stride(0),
+                out.stride(1),
+                HEAD_DIM=head_dim,
+                D_PAD=d_pad,
+                S_PAD=_pow2(splits, 16),
+                S_CHUNK=min(_pow2(splits, 16), 64),
+                num_warps=4,
+            )
+
+    def _extend(self, q, kv_cache, out, md, plan, scale, sliding_window) -> None:
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads = kv_cache.shape[3]
+        max_query_len = max(n for _, n in plan.extend_rows)
+        cfg = dict(self._extend_cfg(head_dim, q.element_size(), max_query_len))
+        tiles = self._tiles(plan, md, cfg["BLOCK_M"])
+        _extend_kernel[(tiles.shape[0], num_heads)](
+            q,
+            kv_cache[0],
+            kv_cache[1],
+            out,
+            md.block_tables,
+            md.seq_lens,
+            md.query_start_loc,
+            tiles,
+            float(scale) * LOG2E,
+            int(sliding_window) if sliding_window else NO_WINDOW,
+            num_heads // num_kv_heads,
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            md.block_tables.stride(0),
+            kv_cache.stride(2),
+            kv_cache.stride(3),
+            HEAD_DIM=head_dim,
+            D_PAD=_pow2(head_dim, 16),
+            BLOCK_SIZE=md.block_size,
+            DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+            **cfg,
+        )

@@ -1,0 +1,363 @@
+"""The Triton attention backend against the PyTorch reference (the oracle), on the GPU.
+
+Every case runs the same step through both backends. The KV-cache writes must be bit-identical. Outputs
+are compared against the reference run in fp32 on the same (low-precision) inputs, with tolerances:
+
+- bf16: atol = rtol = 2e-2. bf16 keeps 8 significant bits (a rounding step is 2**-8 ~ 3.9e-3 relative):
+  the output is rounded once (<= 3.9e-3 of |o| <= max|v|), and P is rounded to bf16 before P@V as in
+  flash attention (a relative 3.9e-3 per weight, averaging out over keys). 2e-2 is ~5 rounding steps at
+  |o| ~ 1, and the reference backend in bf16 shows the same size of error against fp32 (logged too).
+- fp16: atol = rtol = 4e-3 (11 significant bits, 2**-11 ~ 4.9e-4 per rounding; ~8 steps).
+- fp32: atol = rtol = 1e-4 (IEEE dot products; only the summation order differs).
+
+Set QWICK_ATTN_ERR_LOG=path to append each case's max error (and the reference's own low-precision
+error) there. Without a GPU, TRITON_INTERPRET=1 runs them on the CPU through Triton's interpreter (slow;
+bf16 cases run in fp16 there, since the interpreter mishandles bf16 dots; the engine test is skipped).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from qwick.layers.attention.backend import AttentionRow
+from qwick.layers.attention.torch_ref import TorchAttentionBackend
+
+pytestmark = pytest.mark.gpu
+
+TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if INTERPRET:
+        return torch.device("cpu")
+    pytest.skip("needs a CUDA GPU (or TRITON_INTERPRET=1)")
+
+
+def _lowp(dtype: torch.dtype) -> torch.dtype:
+    """Triton's CPU interpreter mishandles bf16 dot products: there, bf16 cases run in fp16."""
+    return torch.float16 if INTERPRET and dtype == torch.bfloat16 else dtype
+
+
+def _backend(block_size: int, device: torch.device, **kwargs):
+    from qwick.layers.attention.triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend(block_size, device, **kwargs)
+
+
+def _log(case: str, err: float, ref_err: float) -> None:
+    path = os.environ.get("QWICK_ATTN_ERR_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{case}\tmax_err={err:.3e}\tref_lowp_err={ref_err:.3e}\n")
+
+
+def _make_rows(specs, block_size, rng, extra_blocks=3):
+    """specs: (context_len, query_len) per row -> rows with shuffled, disjoint block tables."""
+    need = [(c + q + block_size - 1) // block_size for c, q in specs]
+    ids = list(range(1, sum(need) + extra_blocks + 1))  # block 0 is the null block
+    rng.shuffle(ids)
+    rows, at = [], 0
+    for (c, q), n in zip(specs, need):
+        rows.append(AttentionRow(c, q, ids[at : at + n]))
+        at += n
+    return rows, len(ids) + 1
+
+
+def run_case(
+    specs,
+    *,
+    num_kv_heads=2,
+    group=7,
+    head_dim=128,
+    dtype=torch.bfloat16,
+    block_size=16,
+    sliding_window=None,
+    seed=0,
+    backend_kwargs=None,
+    q_scale=2.0,
+):
+    device = _device()
+    dtype = _lowp(dtype)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    rows, num_blocks = _make_rows(specs, block_size, rng)
+    num_heads = num_kv_heads * group
+    tokens = sum(q for _, q in specs)
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, device=device).to(dtype)
+    q = (q_scale * torch.randn(tokens, num_heads, head_dim, device=device)).to(dtype)
+    k = torch.randn(tokens, num_kv_heads, head_dim, device=device).to(dtype)
+    v = torch.randn(tokens, num_kv_heads, head_dim, device=device).to(dtype)
+    scale = head_dim**-0.5
+
+    tri = _backend(block_size, device, **(backend_kwargs or {}))
+    cache_t = kv_cache.clone()
+    md_t = tri.build_metadata(rows)
+    out_t = tri.forward(q, k, v, cache_t, md_t, scale=scale, sliding_window=sliding_window)
+
+    ref = TorchAttentionBackend(block_size, device)
+    cache_r = kv_cache.clone()
+    md_r = ref.build_metadata(rows)
+    out_r = ref.forward(q, k, v, cache_r, md_r, scale=scale, sliding_window=sliding_window)
+    cache_32 = kv_cache.float()
+    out_32 = ref.forward(
+        q.float(),
+        k.float(),
+        v.float(),
+        cache_32,
+        ref.build_metadata(rows),
+        scale=scale,
+        sliding_window=sliding_window,
+    )
+
+    assert out_t.shape == q.shape and out_t.dtype == q.dtype
+    assert torch.equal(cache_t, cache_r), "KV-cache write differs from the reference"
+    assert torch.isfinite(out_t).all()
+    err = (out_t.float() - out_32).abs().max().item()
+    ref_err = (out_r.float() - out_32).abs().max().item()
+    name = (
+        f"{str(dtype)[6:]} D={head_dim} G={group} kv={num_kv_heads} bs={block_size} "
+        f"win={sliding_window} rows={specs[:6]}{'...' if len(specs) > 6 else ''}"
+    )
+    _log(name, err, ref_err)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out_t.float(), out_32, atol=tol, rtol=tol, msg=lambda m: f"{name}\n{m}")
+    return tri
+
+
+# (head_dim, group, num_kv_heads, dtype): every GQA ratio of the bench shapes, both head dims, both
+# 16-bit types. 7:1 is qwen2.5-0.5b/7b, 5:1 qwen2.5-14b, 4:1 qwen3-8b.
+HEAD_CONFIGS = [
+    (128, 7, 4, torch.bfloat16),
+    (128, 5, 8, torch.bfloat16),
+    (128, 4, 8, torch.float16),
+    (128, 1, 4, torch.bfloat16),
+    (64, 7, 2, torch.bfloat16),
+    (64, 5, 2, torch.float16),
+    (64, 4, 2, torch.bfloat16),
+    (64, 1, 4, torch.float16),
+]
+HEAD_IDS = [f"D{d}-G{g}-kv{h}-{str(t)[6:]}" for d, g, h, t in HEAD_CONFIGS]
+
+# Decode contexts around block (16) and tile (64) boundaries, plus a few longer ones.
+DECODE_CONTEXTS = [0, 1, 14, 15, 16, 17, 63, 64, 65, 127, 200, 511, 1000, 2047, 4100]
+# (cached prefix, new tokens): no prefix, partial block, exact blocks, several blocks, tile edges.
+EXTEND_SPECS = [
+    (0, 2),
+    (0, 16),
+    (0, 17),
+    (0, 64),
+    (0, 65),
+    (0, 300),
+    (5, 7),
+    (16, 16),
+    (15, 49),
+    (48, 100),
+    (100, 3),
+    (1000, 129),
+    (2000, 64),
+]
+
+
+@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS, ids=HEAD_IDS)
+def test_decode_rows(head_dim, group, num_kv_heads, dtype):
+    specs = [(c, 1) for c in DECODE_CONTEXTS]
+    run_case(specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
+
+
+@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS, ids=HEAD_IDS)
+def test_extend_rows(head_dim, group, num_kv_heads, dtype):
+    run_case(EXTEND_SPECS, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
+
+
+@pytest.mark.parametrize("block_size", [16, 4, 32])
+@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS[::3], ids=HEAD_IDS[::3])
+def test_mixed_decode_and_extend(block_size, head_dim, group, num_kv_heads, dtype):
+    specs = [(30, 1), (0, 40), (7, 1), (130, 1), (33, 20), (0, 1), (64, 1), (500, 70), (1, 1)]
+    run_case(
+        specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype, block_size=block_size
+    )
+
+
+@pytest.mark.parametrize("window", [1, 16, 50, 128, 4096])
+@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS[:1] + HEAD_CONFIGS[5:6])
+def test_sliding_window(window, head_dim, group, num_kv_heads, dtype):
+    specs = [(c, 1) for c in (0, 10, 100, 1000)] + [(0, 200), (90, 40), (300, 130), (1500, 70)]
+    run_case(
+        specs,
+        head_dim=head_dim,
+        group=group,
+        num_kv_heads=num_kv_heads,
+        dtype=dtype,
+        sliding_window=window,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float32_and_small_head_dims(dtype):
+    # fp32 through IEEE dots; head_dim 16/32 (the tiny test models) are padded to tl.dot's minimum.
+    for head_dim in (128, 64, 32, 16):
+        specs = [(0, 19), (40, 1), (3, 5), (129, 1), (200, 33)]
+        run_case(specs, head_dim=head_dim, group=2, num_kv_heads=2, dtype=dtype, block_size=4)
+
+
+@pytest.mark.parametrize("context", [8192, 32768])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_long_context_decode_split_kv(context, batch):
+    specs = [(context - 37 * i, 1) for i in range(batch)]
+    tri = run_case(specs, head_dim=128, group=7, num_kv_heads=4, dtype=torch.bfloat16, seed=context + batch)
+    assert tri.num_splits(batch, 4, context) > 1  # the split-KV path and its reduction ran
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 64])
+def test_fixed_split_counts(splits):
+    # Fixed counts (as a CUDA-graph runner would set): more splits than tiles leaves some splits empty.
+    specs = [(c, 1) for c in (0, 5, 63, 64, 300, 3000)] + [(10, 30)]
+    run_case(specs, backend_kwargs={"fixed_num_splits": splits}, group=5, num_kv_heads=2)
+
+
+def test_chunked_prefill_matches_one_shot():
+    """A prompt fed in chunks (each chunk attends the cache the previous ones wrote) equals one shot."""
+    device = _device()
+    torch.manual_seed(1)
+    bs, hkv, g, d, length = 16, 2, 4, 128, 333
+    dtype = _lowp(torch.bfloat16)
+    table = list(range(1, (length + bs - 1) // bs + 1))[::-1]
+    q = torch.randn(length, hkv * g, d, device=device).to(dtype)
+    k = torch.randn(length, hkv, d, device=device).to(dtype)
+    v = torch.randn(length, hkv, d, device=device).to(dtype)
+    num_blocks = len(table) + 1
+    ref = TorchAttentionBackend(bs, device)
+    cache_r = torch.zeros(2, num_blocks, bs, hkv, d, device=device)
+    rows = [AttentionRow(0, length, table)]
+    expected = ref.forward(
+        q.float(), k.float(), v.float(), cache_r, ref.build_metadata(rows), scale=d**-0.5, sliding_window=None
+    )
+    tri = _backend(bs, device)
+    for chunk in (1, 7, 16, 64, 100):
+        cache = torch.zeros(2, num_blocks, bs, hkv, d, device=device, dtype=dtype)
+        outs, start = [], 0
+        while start < length:
+            n = min(chunk, length - start)
+            md = tri.build_metadata([AttentionRow(start, n, table)])
+            sl = slice(start, start + n)
+            outs.append(tri.forward(q[sl], k[sl], v[sl], cache, md, scale=d**-0.5, sliding_window=None))
+            start += n
+        got = torch.cat(outs).float()
+        tol = TOL[dtype]
+        msg = lambda m, c=chunk: f"chunk {c}: {m}"
+        torch.testing.assert_close(got, expected, atol=tol, rtol=tol, msg=msg)
+        assert torch.equal(cache.float(), cache_r.to(dtype).float())
+
+
+def test_negative_slots_are_skipped():
+    device = _device()
+    bs, hkv, d = 16, 2, 64
+    tri = _backend(bs, device)
+    rows = [AttentionRow(0, 5, [1]), AttentionRow(3, 1, [2])]
+    md = tri.build_metadata(rows)
+    md.slot_mapping[1] = -1  # a padding token: its k/v must not land anywhere
+    cache = torch.zeros(2, 3, bs, hkv, d, device=device, dtype=torch.bfloat16)
+    k = torch.randn(6, hkv, d, device=device).to(torch.bfloat16)
+    v = torch.randn(6, hkv, d, device=device).to(torch.bfloat16)
+    tri.write_kv(k, v, cache, md.slot_mapping)
+    assert torch.equal(cache[0, 1, 0], k[0]) and torch.equal(cache[1, 1, 4], v[4])
+    assert torch.count_nonzero(cache[:, 1, 1]) == 0  # slot of token 1 untouched
+    assert torch.equal(cache[0, 2, 3], k[5])
+    assert torch.count_nonzero(cache[:, 0]) == 0  # null block untouched
+    assert torch.count_nonzero(cache) == 2 * 5 * hkv * d
+
+
+def test_decode_step_replays_in_a_cuda_graph():
+    """The decode path has no host sync and a static grid (fixed splits): capture once, then replay with
+    new inputs and metadata copied into the captured tensors, as a CUDA-graph runner does."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    device = torch.device("cuda")
+    bs, hkv, g, d = 16, 4, 7, 128
+    rng = random.Random(3)
+    rows, num_blocks = _make_rows([(c, 1) for c in (100, 1000, 17, 3000)], bs, rng, extra_blocks=0)
+    rows = [AttentionRow(r.start_pos, 1, r.block_table + [num_blocks + i]) for i, r in enumerate(rows)]
+    cache = torch.randn(2, num_blocks + 4, bs, hkv, d, device=device).to(torch.bfloat16)
+    q = torch.randn(4, hkv * g, d, device=device).to(torch.bfloat16)
+    k = torch.randn(4, hkv, d, device=device).to(torch.bfloat16)
+    v = torch.randn(4, hkv, d, device=device).to(torch.bfloat16)
+    tri = _backend(bs, device, fixed_num_splits=16)
+    md = tri.build_metadata(rows)
+    tri.forward(q, k, v, cache, md, scale=d**-0.5, sliding_window=None)  # compile, allocate scratch
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_graph = tri.forward(q, k, v, cache, md, scale=d**-0.5, sliding_window=None)
+    for step in range(1, 4):
+        md_new = tri.build_metadata(_advance(rows, step))
+        assert md_new.block_tables.shape == md.block_tables.shape
+        for name in ("slot_mapping", "seq_lens", "block_tables", "query_start_loc"):
+            getattr(md, name).copy_(getattr(md_new, name))
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t, dtype=torch.float32))
+        graph.replay()
+        eager = tri.forward(q, k, v, cache, md_new, scale=d**-0.5, sliding_window=None)
+        assert torch.equal(out_graph, eager), f"step {step}"
+        ref = TorchAttentionBackend(bs, device)
+        expected = ref.forward(
+            q.float(), k.float(), v.float(), cache.float(), ref.build_metadata(_advance(rows, step)),
+            scale=d**-0.5, sliding_window=None,
+        )  # fmt: skip
+        torch.testing.assert_close(out_graph.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def _advance(rows, step):
+    return [AttentionRow(r.start_pos + step, 1, r.block_table) for r in rows]
+
+
+# ---- the whole engine: greedy tokens equal with either backend -------------------------------------------
+E2E_MODELS = [
+    ("qwen2", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2), 16),  # head_dim 64
+    ("qwen3", dict(head_dim=128, num_attention_heads=8, num_key_value_heads=2), 4),
+]
+
+
+@pytest.mark.parametrize("arch,overrides,block_size", E2E_MODELS, ids=[m[0] for m in E2E_MODELS])
+def test_llm_greedy_equal_with_triton_backend(tmp_path, arch, overrides, block_size):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from qwick import LLM, SamplingParams
+    from tests.utils import make_tiny_model
+
+    path = str(tmp_path / arch)
+    make_tiny_model(arch, path, **overrides)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(4, 300) for _ in range(n)] for n in (3, 17, 40, 100, 5, 64)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+    def generate(use_triton: bool) -> list[list[int]]:
+        llm = LLM(
+            path,
+            dtype="float32",
+            num_gpu_blocks_override=256,
+            block_size=block_size,
+            max_model_len=256,
+            max_num_batched_tokens=48,  # chunked prefill, mixed with decodes
+            enable_prefix_caching=True,
+        )
+        if use_triton:
+            runner = llm.llm_engine.core.runner
+            backend = _backend(block_size, runner.device)
+            runner.backend = backend
+            for layer in runner.model.attention_layers():
+                layer.backend = backend
+        first = llm.generate(prompts, params, use_tqdm=False)
+        again = llm.generate(prompts[::-1], params, use_tqdm=False)  # prefix-cache hits
+        return [o.outputs[0].token_ids for o in first + again]
+
+    ref = generate(False)
+    got = generate(True)
+    for i, (a, b) in enumerate(zip(ref, got)):
+        assert a == b, f"request {i}: torch {a} vs triton {b}"
