@@ -50,6 +50,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     tensor_parallel_size: int = 1
     load_format: str = "auto"  # "auto", "safetensors", "gguf", "dummy"
+    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere), "torch", "triton"
     device: str = "auto"  # "auto", "cuda", "cpu"
     revision: str | None = None
     trust_remote_code: bool = False
@@ -75,6 +76,10 @@ class EngineConfig:
             )
         if self.dtype not in ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp32"):
             raise ValueError(f"dtype must be one of auto, float32, float16, bfloat16, got {self.dtype!r}.")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}."
+            )
         if self.quantization not in (None, "none"):
             raise ValueError(f"quantization {self.quantization!r} is not supported yet.")
         if self.kv_cache_dtype != "auto":

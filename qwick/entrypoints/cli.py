@@ -73,6 +73,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="dummy: random weights at the model's shapes (for benchmarks)",
     )
     g.add_argument("--device", default="auto", help="auto, cuda or cpu")
+    g.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "torch", "triton"],
+        help="auto: Triton kernels on CUDA GPUs, the PyTorch reference elsewhere",
+    )
     g.add_argument("--tokenizer", default=None, help="tokenizer directory, if not the model's")
     g.add_argument("--revision", default=None, help="Hub revision when MODEL is a Hub id")
     g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])

@@ -62,6 +62,19 @@ def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     return torch.from_numpy(buffer).view(dtype).view(shape)
 
 
+def select_attention_backend(name: str, block_size: int, device: torch.device) -> AttentionBackend:
+    """Triton kernels on CUDA GPUs; the PyTorch reference everywhere else (and on request)."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "triton":
+        if device.type != "cuda":
+            raise ValueError("attention_backend='triton' needs a CUDA device")
+        from qwick.layers.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(block_size, device)
+    return TorchAttentionBackend(block_size, device)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -87,7 +100,7 @@ class ModelRunner:
             seed=engine_config.seed,
         )
         self.vocab_size = hf_config.vocab_size
-        self.backend: AttentionBackend = TorchAttentionBackend(self.block_size, self.device)
+        self.backend = select_attention_backend(engine_config.attention_backend, self.block_size, self.device)
         self.sampler = Sampler(seed=engine_config.seed)
         self.num_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_blocks)
