@@ -11,6 +11,8 @@ import subprocess
 
 import torch
 
+from qwick.bench.shapes import SHAPES
+
 
 def _commit() -> str:
     try:
@@ -31,6 +33,13 @@ def _build_llm(args: argparse.Namespace):
     from qwick.entrypoints.cli import engine_config_from_args
     from qwick.entrypoints.llm import LLM
 
+    if getattr(args, "shape", None):
+        from qwick.bench.shapes import model_dir_for_shape
+
+        if args.model is not None:
+            raise ValueError("give either a MODEL or --shape, not both")
+        args.model = model_dir_for_shape(args.shape)
+        args.load_format = "dummy"
     return LLM(**dataclasses.asdict(engine_config_from_args(args)))
 
 
@@ -131,6 +140,12 @@ def add_bench_parser(sub, add_engine_args) -> None:
 
     def common(p):
         add_engine_args(p)
+        p.add_argument(
+            "--shape",
+            default=None,
+            choices=sorted(SHAPES),
+            help="a real model's shapes with random weights (implies --load-format dummy)",
+        )
         p.add_argument(
             "--compare-transformers",
             action="store_true",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from qwick.entrypoints.cli import main
 
 ENGINE = ["--dtype", "float32", "--num-gpu-blocks-override", "256", "--max-model-len", "512"]
@@ -82,3 +84,36 @@ def test_throughput_with_length_ranges(tiny_qwen2_dir, tmp_path):
     ]
     assert main(args) == 0
     assert json.loads(out.read_text())["result"]["qwick"]["seconds"] > 0
+
+
+def test_latency_at_real_shapes_with_dummy_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("QWICK_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "shape.json"
+    args = [
+        "bench",
+        "latency",
+        "--shape",
+        "qwen2.5-0.5b",
+        "--max-model-len",
+        "256",
+        "--cpu-kv-cache-gib",
+        "0.1",
+        "--input-len",
+        "8",
+        "--output-len",
+        "3",
+        "--num-iters",
+        "1",
+        "--output-json",
+        str(out),
+    ]
+    assert main(args) == 0
+    assert json.loads(out.read_text())["result"]["qwick"]["decode_tokens_per_s"] > 0
+    config = json.loads((tmp_path / "cache" / "shapes" / "qwen2.5-0.5b" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]) == (896, 24, 151936)
+
+
+def test_unknown_shape_is_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "latency", "--shape", "qwen9-999b"])
+    assert "invalid choice" in capsys.readouterr().err
