@@ -102,8 +102,41 @@ class ModelRunner:
         self.vocab_size = hf_config.vocab_size
         self.backend = select_attention_backend(engine_config.attention_backend, self.block_size, self.device)
         self.sampler = Sampler(seed=engine_config.seed)
+        self.graph_runner = self._make_graph_runner()
+        self.graph_reserve_bytes = 0  # set by the GPU memory profile when graphs are on
         self.num_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_blocks)
+        if self.graph_runner is not None:
+            self._capture_graphs()
+
+    # ---- CUDA graphs ---------------------------------------------------------------------------------
+    def _make_graph_runner(self):
+        """Decode steps replay CUDA graphs on CUDA with the Triton backend, unless enforce_eager."""
+        if self.device.type != "cuda" or self.backend.name != "triton" or self.config.enforce_eager:
+            return None
+        from qwick.runner.cuda_graphs import DecodeGraphRunner
+
+        return DecodeGraphRunner(
+            self.model,
+            self.backend,
+            max_batch=self.config.max_num_seqs,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            device=self.device,
+        )
+
+    def _capture_graphs(self) -> None:
+        try:
+            self.graph_runner.capture()
+        except Exception:  # a layer that syncs or allocates on the host: serve eagerly rather than fail
+            logger.exception("CUDA graph capture failed; decode steps run eagerly")
+            self.graph_runner = None
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
+    @property
+    def num_graph_replays(self) -> int:
+        return self.graph_runner.num_replays if self.graph_runner is not None else 0
 
     # ---- KV pool -------------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -137,10 +170,20 @@ class ModelRunner:
                 self.model.compute_logits(hidden[-self.config.max_num_seqs :])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
+        graph_reserve = 0
+        if self.graph_runner is not None:
+            # The graphs' shared pool keeps about the activations of the largest bucket's forward for
+            # good: measure them with one eager forward of that shape, and keep a 25% margin.
+            base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.graph_runner.run_eager(self.graph_runner.max_bs)
+            torch.cuda.synchronize(self.device)
+            graph_reserve = int(1.25 * (torch.cuda.max_memory_allocated(self.device) - base)) + (64 << 20)
+        self.graph_reserve_bytes = graph_reserve
         total = torch.cuda.get_device_properties(self.device).total_memory
         self._release_kv_cache()
         torch.cuda.empty_cache()
-        return max(0, int(total * self.config.gpu_memory_utilization) - peak)
+        return max(0, int(total * self.config.gpu_memory_utilization) - peak - graph_reserve)
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         for layer in self.model.attention_layers():
@@ -170,15 +213,27 @@ class ModelRunner:
             if item.sample:
                 logits_indices.append(len(token_ids) - 1)
                 sampling_rows.append(item)
-        metadata = self.backend.build_metadata(rows)
-        ids = torch.tensor(token_ids, dtype=torch.long).to(self.device, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
-        with set_forward_context(metadata):
-            hidden = self.model(ids, pos)
+        graphs = self.graph_runner
+        if (
+            graphs is not None
+            and len(token_ids) == len(rows)  # pure decode: one token per row
+            and graphs.can_run(len(rows), max(len(r.block_table) for r in rows))
+        ):
+            hidden = graphs.replay(token_ids, positions, [r.block_table for r in rows])
+        else:
+            metadata = self.backend.build_metadata(rows)
+            ids = torch.tensor(token_ids, dtype=torch.long).to(self.device, non_blocking=True)
+            pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
+            with set_forward_context(metadata):
+                hidden = self.model(ids, pos)
         if not sampling_rows:
             return RunnerOutput()
-        index = torch.tensor(logits_indices, dtype=torch.long).to(self.device, non_blocking=True)
-        logits = self.model.compute_logits(hidden[index])
+        if len(logits_indices) == len(token_ids) and hidden.shape[0] >= len(token_ids):
+            selected = hidden[: len(token_ids)]  # every row samples its only token: no gather
+        else:
+            index = torch.tensor(logits_indices, dtype=torch.long).to(self.device, non_blocking=True)
+            selected = hidden[index]
+        logits = self.model.compute_logits(selected)
         requests = [item.request for item in sampling_rows]
         meta = SamplingMetadata.build(requests, self.vocab_size, self.device)
         sampled = self.sampler(logits, meta)

@@ -346,13 +346,9 @@ def test_llm_greedy_equal_with_triton_backend(tmp_path, arch, overrides, block_s
             max_model_len=256,
             max_num_batched_tokens=48,  # chunked prefill, mixed with decodes
             enable_prefix_caching=True,
+            attention_backend="triton" if use_triton else "torch",
+            enforce_eager=not use_triton,  # the reference: torch attention, no CUDA graphs
         )
-        if use_triton:
-            runner = llm.llm_engine.core.runner
-            backend = _backend(block_size, runner.device)
-            runner.backend = backend
-            for layer in runner.model.attention_layers():
-                layer.backend = backend
         first = llm.generate(prompts, params, use_tqdm=False)
         again = llm.generate(prompts[::-1], params, use_tqdm=False)  # prefix-cache hits
         return [o.outputs[0].token_ids for o in first + again]

@@ -1,0 +1,247 @@
+"""CUDA graphs for pure-decode steps (one token per row), captured at bucketed batch sizes.
+
+A batch-1 decode step of a small model is bound by kernel launches, not by the GPU: replaying one
+captured graph of the whole forward (embedding -> layers -> final norm) replaces hundreds of launches
+with one. The logits and the sampler stay outside the graph (eager), since they only touch the rows
+that sample.
+
+Design:
+- Buckets 1, 2, 4, 8, then multiples of 8 (16, 24, 32, ...) up to `max_batch` (<= 256); a step of `n`
+  decode rows replays the smallest bucket >= n, the extra rows being padding.
+- One persistent int32 device buffer holds every input of a step: for bucket `bs`, the layout is
+  `[ids(bs) | positions(bs) | slots(bs) | seq_lens(bs) | block_tables(bs x W)]` with W the block-table
+  width for `max_model_len`. Each graph captured its own views of it, so a step fills a pinned host
+  buffer in that layout and issues a single host-to-device copy before the replay. The graph converts
+  ids/positions/slots to int64 itself (three tiny kernels inside the graph).
+- Padding rows: token 0 at position 0, slot -1 (the KV write kernel skips it), seq_len 1 over the null
+  block 0: their attention reads one finite key and their outputs are ignored.
+- The Triton decode kernel's grid depends on (rows, kv heads, splits); the split count is pinned per
+  bucket during capture (`fixed_num_splits`, chosen by the backend's heuristic at `max_model_len`), and
+  the kernel derives each split's key range from the row's seq_len on the device, so replay stays right
+  for any context length. Scratch buffers (split partials) live in the captured metadata's plan.
+- All graphs share one memory pool, captured from the largest bucket down, so smaller graphs reuse the
+  largest one's activation memory. Replays are sequential on one stream, which makes the sharing safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from qwick.forward_context import set_forward_context
+from qwick.layers.attention.backend import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+MAX_GRAPH_BATCH = 256
+
+
+def decode_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, 16, 24, 32, ... up to min(max_batch, 256), always ending at that maximum."""
+    top = max(1, min(max_batch, MAX_GRAPH_BATCH))
+    buckets = [b for b in (1, 2, 4, 8) if b <= top]
+    buckets += list(range(16, top + 1, 8))
+    if buckets[-1] != top:
+        buckets.append(top)
+    return buckets
+
+
+@dataclass
+class _Graph:
+    bs: int
+    graph: torch.cuda.CUDAGraph | None
+    hidden: torch.Tensor  # [bs, hidden] graph output
+    metadata: AttentionMetadata  # kept alive: its plan holds the decode scratch buffers
+
+
+class DecodeGraphRunner:
+    """Captures and replays the model forward for pure-decode batches of a fixed set of sizes."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        backend,
+        *,
+        max_batch: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.device = device
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.buckets = decode_buckets(max_batch)
+        self.max_bs = self.buckets[-1]
+        self.width = (max_model_len + block_size - 1) // block_size  # block-table columns
+        size = self.max_bs * (4 + self.width)
+        self.packed = torch.zeros(size, dtype=torch.int32, device=device)
+        self.host = torch.zeros(size, dtype=torch.int32, pin_memory=True)
+        self.host_np = self.host.numpy()
+        self.query_start_loc = torch.arange(self.max_bs + 1, dtype=torch.int32, device=device)
+        self.decode_rows = torch.arange(self.max_bs, dtype=torch.int32, device=device)
+        self.graphs: dict[int, _Graph] = {}
+        self.pool = None
+        self.num_replays = 0
+        self.graph_bytes = 0
+        self.num_kv_heads = model.attention_layers()[0].num_kv_heads
+        self._uploaded: torch.cuda.Event | None = None  # the last host->device copy of `host`
+
+    # ---- buffers -------------------------------------------------------------------------------------
+    def bucket_for(self, n: int) -> int | None:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        return None
+
+    def _views(self, bs: int) -> dict[str, torch.Tensor]:
+        p = self.packed
+        return {
+            "ids": p[0:bs],
+            "pos": p[bs : 2 * bs],
+            "slots": p[2 * bs : 3 * bs],
+            "seq_lens": p[3 * bs : 4 * bs],
+            "block_tables": p[4 * bs : 4 * bs + bs * self.width].view(bs, self.width),
+        }
+
+    def _fill_host(self, bs: int, token_ids, positions, block_tables) -> None:
+        """Write a step's inputs (n <= bs rows) into the pinned buffer in bucket `bs`'s layout."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()  # the pinned buffer may still be in flight to the device
+        n = len(token_ids)
+        h = self.host_np
+        bsz = self.block_size
+        h[0:n] = token_ids
+        h[n:bs] = 0
+        h[bs : bs + n] = positions
+        h[bs + n : 2 * bs] = 0
+        pos = np.asarray(positions, dtype=np.int64)
+        tables = h[4 * bs : 4 * bs + bs * self.width].reshape(bs, self.width)
+        tables[:] = 0
+        slots = h[2 * bs : 3 * bs]
+        for i, table in enumerate(block_tables):
+            tables[i, : len(table)] = table
+        if n:
+            blocks = tables[np.arange(n), pos // bsz].astype(np.int64)
+            slots[:n] = blocks * bsz + pos % bsz
+        slots[n:bs] = -1
+        h[3 * bs : 3 * bs + n] = pos + 1
+        h[3 * bs + n : 4 * bs] = 1
+
+    def _upload(self, bs: int) -> None:
+        size = 4 * bs + bs * self.width
+        self.packed[:size].copy_(self.host[:size], non_blocking=True)
+        if self._uploaded is None:
+            self._uploaded = torch.cuda.Event()
+        self._uploaded.record()
+
+    def _metadata(self, bs: int) -> AttentionMetadata:
+        from qwick.layers.attention.triton_backend import _TritonPlan
+
+        v = self._views(bs)
+        md = AttentionMetadata(
+            num_rows=bs,
+            num_tokens=bs,
+            block_size=self.block_size,
+            slot_mapping=v["slots"],  # replaced by the int64 copy inside the captured forward
+            query_start_loc=self.query_start_loc[: bs + 1],
+            seq_lens=v["seq_lens"],
+            block_tables=v["block_tables"],
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+            query_lens_cpu=[1] * bs,
+            seq_lens_cpu=[self.max_model_len] * bs,
+        )
+        md.plan["triton"] = _TritonPlan(
+            num_decode=bs,
+            decode_rows=self.decode_rows[:bs],
+            decode_max_seq_len=self.max_model_len,
+            extend_rows=[],
+        )
+        return md
+
+    def _forward(self, bs: int, md: AttentionMetadata) -> torch.Tensor:
+        """The captured body: int32 inputs -> int64, then the model forward."""
+        v = self._views(bs)
+        md.slot_mapping = v["slots"].long()
+        with set_forward_context(md):
+            return self.model(v["ids"].long(), v["pos"].long())
+
+    # ---- capture -------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run_eager(self, bs: int) -> torch.Tensor:
+        """One padded all-padding forward at bucket `bs` (memory profiling, warm-up); touches no KV."""
+        self._fill_host(bs, [], [], [])
+        self._upload(bs)
+        md = self._metadata(bs)
+        return self._with_splits(bs, lambda: self._forward(bs, md))
+
+    def _with_splits(self, bs: int, fn):
+        if not hasattr(self.backend, "fixed_num_splits"):
+            return fn()
+        old = self.backend.fixed_num_splits
+        self.backend.fixed_num_splits = None
+        splits = self.backend.num_splits(bs, self.num_kv_heads, self.max_model_len)
+        self.backend.fixed_num_splits = splits
+        try:
+            return fn()
+        finally:
+            self.backend.fixed_num_splits = old
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        t0 = time.perf_counter()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # capture empties the cache itself: measure from an empty one
+        before = torch.cuda.memory_reserved(self.device)
+        for bs in reversed(self.buckets):
+            self._fill_host(bs, [], [], [])
+            self._upload(bs)
+            md = self._metadata(bs)
+
+            def body(bs=bs, md=md):
+                self._forward(bs, md)  # warm-up: Triton compiles, cuBLAS picks its kernels
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    hidden = self._forward(bs, md)
+                return graph, hidden
+
+            graph, hidden = self._with_splits(bs, body)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[bs] = _Graph(bs, graph, hidden, md)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # drops the warm-ups' cached blocks; the graphs' pool stays
+        self.graph_bytes = torch.cuda.memory_reserved(self.device) - before
+        logger.info(
+            "captured %d decode CUDA graphs (batch %d..%d) in %.1f s, %.1f MiB",
+            len(self.graphs),
+            self.buckets[0],
+            self.max_bs,
+            time.perf_counter() - t0,
+            self.graph_bytes / 2**20,
+        )
+
+    # ---- replay --------------------------------------------------------------------------------------
+    def can_run(self, num_rows: int, max_table_len: int) -> bool:
+        return 0 < num_rows <= self.max_bs and max_table_len <= self.width and bool(self.graphs)
+
+    def replay(
+        self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]
+    ) -> torch.Tensor:
+        """Run one decode step (row i: token_ids[i] at positions[i]); returns hidden states [bs, hidden]
+        whose first len(token_ids) rows are the step's (a view of the graph's output: read it before the
+        next replay)."""
+        bs = self.bucket_for(len(token_ids))
+        g = self.graphs[bs]
+        self._fill_host(bs, token_ids, positions, block_tables)
+        self._upload(bs)
+        g.graph.replay()
+        self.num_replays += 1
+        return g.hidden
