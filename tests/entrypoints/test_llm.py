@@ -290,3 +290,19 @@ def test_engine_config_errors():
 def test_kv_cache_smaller_than_one_request(tiny):
     with pytest.raises(ValueError, match="fewer than max_model_len"):
         LLM(tiny[0], dtype="float32", num_gpu_blocks_override=8, block_size=4, max_model_len=256)
+
+
+def test_attention_backend_choice(tiny_qwen2_dir):
+    with pytest.raises(ValueError, match="attention_backend must be"):
+        LLM("x", attention_backend="flash")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        LLM(
+            tiny_qwen2_dir,
+            dtype="float32",
+            device="cpu",
+            attention_backend="triton",
+            num_gpu_blocks_override=128,
+            max_model_len=256,
+        )
+    llm = LLM(tiny_qwen2_dir, dtype="float32", device="cpu", num_gpu_blocks_override=128, max_model_len=256)
+    assert llm.llm_engine.core.runner.backend.name == "torch"  # auto on the CPU
