@@ -46,10 +46,12 @@ def _build_llm(args: argparse.Namespace):
 def _reference(llm, args) -> object | None:
     if not args.compare_transformers:
         return None
-    from qwick.bench.hf_reference import load_transformers
+    from qwick.bench.hf_reference import load_transformers, transformers_on_our_weights
 
     runner = llm.llm_engine.core.runner
     dtype = runner.dtype if args.reference_dtype == "same" else getattr(torch, args.reference_dtype)
+    if args.load_format == "dummy":  # no checkpoint to load: give transformers our random weights
+        return transformers_on_our_weights(runner.model, dtype, runner.device)
     return load_transformers(llm.llm_engine.model_path, dtype, str(runner.device))
 
 

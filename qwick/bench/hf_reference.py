@@ -15,6 +15,24 @@ def load_transformers(model_dir: str, dtype: torch.dtype, device: str = "cpu"):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
 
+def transformers_on_our_weights(model, dtype: torch.dtype, device: str | torch.device):
+    """transformers' model for our model's config, holding our weights (dummy ones too): the reference
+    for `--load-format dummy` runs, where no checkpoint exists to load it from."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        ref = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+    missing, unexpected = ref.load_state_dict(dict(model.checkpoint_tensors()), strict=False)
+    missing = [m for m in missing if m != "lm_head.weight" or not model.tie_word_embeddings]
+    if missing or unexpected:
+        raise ValueError(
+            f"weights do not line up with transformers: missing {missing}, unexpected {unexpected}"
+        )
+    if model.tie_word_embeddings:
+        ref.tie_weights()
+    return ref.eval()
+
+
 def _generate(model, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> None:
     longest = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (longest - len(p)) + p for p in prompts], device=model.device)

@@ -7,7 +7,7 @@ step's rows concatenated, with their positions; the attention backend knows whic
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -178,6 +178,30 @@ class DecoderForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
+
+    def checkpoint_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The inverse of `load_weights`: Hugging Face names and tensors, q/k/v and gate/up unpacked.
+
+        Lets a reference model (transformers) run on exactly our weights, dummy ones included.
+        """
+        unpacked = {target: [] for target, _ in self.packed.values()}
+        for leaf, (target, shard) in self.packed.items():
+            unpacked[target].append((shard, leaf))
+        for name, param in self.named_parameters():
+            if param.layout != torch.strided:
+                raise ValueError(
+                    f"{name} is stored repacked ({param.layout}); export needs dtype float32 on CPUs"
+                )
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue  # a copy made for repacking; the checkpoint ties it to the embedding
+            module_name, _, param_name = name.rpartition(".")
+            prefix, _, leaf = module_name.rpartition(".")
+            if leaf not in unpacked:
+                yield name, param.data
+                continue
+            sizes = self.get_submodule(module_name).output_sizes
+            for (_, hf_leaf), part in zip(sorted(unpacked[leaf]), param.data.split(sizes)):
+                yield f"{prefix}.{hf_leaf}.{param_name}", part
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors (Hugging Face names) in, packing q/k/v and gate/up; return names loaded."""

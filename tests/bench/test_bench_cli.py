@@ -117,3 +117,26 @@ def test_unknown_shape_is_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "latency", "--shape", "qwen9-999b"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_latency_on_dummy_weights_compares_with_transformers_on_the_same_weights(tiny_qwen2_dir, tmp_path):
+    out = tmp_path / "dummy.json"
+    args = [
+        "bench",
+        "latency",
+        tiny_qwen2_dir,
+        *ENGINE,
+        "--load-format",
+        "dummy",
+        "--input-len",
+        "10",
+        "--output-len",
+        "4",
+        "--num-iters",
+        "1",
+        "--compare-transformers",
+        "--output-json",
+        str(out),
+    ]
+    assert main(args) == 0
+    assert json.loads(out.read_text())["result"]["transformers"]["decode_tokens_per_s"] > 0
