@@ -133,7 +133,12 @@ def cmd_serve(args: argparse.Namespace) -> dict:
     reqs = fixed_requests(
         args.num_prompts, args.input_len, args.output_len, args.vocab_size, seed=args.bench_seed
     )
-    return {"server": asyncio.run(serve_bench.run(args.url, reqs, args.concurrency, args.api_key))}
+    import httpx
+
+    try:
+        return {"server": asyncio.run(serve_bench.run(args.url, reqs, args.concurrency, args.api_key))}
+    except httpx.HTTPError as exc:
+        raise OSError(f"could not benchmark the server at {args.url}: {type(exc).__name__}: {exc}") from exc
 
 
 def add_bench_parser(sub, add_engine_args) -> None:

@@ -36,3 +36,8 @@ def test_bench_serve_reports_throughput_and_latencies(tiny_qwen2_dir, tmp_path):
     assert generated >= 6 * 5  # the server really generated every token (plus the warm-up's)
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert 0 < result[key]["p50"] <= result[key]["p99"]
+
+
+def test_bench_serve_without_a_server_is_a_clean_error(capsys):
+    assert main(["bench", "serve", "--url", "http://127.0.0.1:9", "--num-prompts", "1"]) == 2
+    assert "could not benchmark the server" in capsys.readouterr().err
