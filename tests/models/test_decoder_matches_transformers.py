@@ -93,30 +93,22 @@ def check_against_reference(llm: LLM, hf_model, prompts, max_tokens=MAX_TOKENS) 
     return outputs
 
 
+def exact_llm(path: str, **overrides) -> LLM:
+    """fp32 (the oracle's dtype), 4-token blocks so short prompts span several, a small KV pool."""
+    kwargs = dict(dtype="float32", num_gpu_blocks_override=128, block_size=4, max_model_len=256)
+    return LLM(path, **{**kwargs, **overrides})
+
+
 def test_batch_of_mixed_lengths(tiny):
     path, hf_model = tiny
-    llm = LLM(
-        path,
-        dtype="float32",
-        num_gpu_blocks_override=128,
-        block_size=4,
-        max_model_len=256,
-        enable_prefix_caching=False,
-    )
+    llm = exact_llm(path, enable_prefix_caching=False)
     check_against_reference(llm, hf_model, PROMPTS)
     assert llm.llm_engine.core.scheduler.get_stats().kv_cache_usage == 0.0
 
 
 def test_prefix_caching_repeated_prompt(tiny):
     path, hf_model = tiny
-    llm = LLM(
-        path,
-        dtype="float32",
-        num_gpu_blocks_override=128,
-        block_size=4,
-        max_model_len=256,
-        enable_prefix_caching=True,
-    )
+    llm = exact_llm(path, enable_prefix_caching=True)
     check_against_reference(llm, hf_model, PROMPTS[1:2])
     # Same prompt again, plus one sharing its first 20 tokens: both must reuse cached blocks.
     shared = PROMPTS[1][:20] + [11, 12, 13]
@@ -128,29 +120,14 @@ def test_prefix_caching_repeated_prompt(tiny):
 def test_preemption_with_tiny_kv_pool(tiny):
     path, hf_model = tiny
     # 16 usable blocks of 4 tokens (64 slots) for four requests needing up to 49 positions each.
-    llm = LLM(
-        path,
-        dtype="float32",
-        num_gpu_blocks_override=17,
-        block_size=4,
-        enable_prefix_caching=False,
-        max_model_len=64,
-    )
+    llm = exact_llm(path, num_gpu_blocks_override=17, enable_prefix_caching=False, max_model_len=64)
     check_against_reference(llm, hf_model, PROMPTS)
     stats = llm.llm_engine.core.scheduler.get_stats()
     assert stats.num_preemptions > 0
-    assert llm.llm_engine.core.scheduler.get_stats().kv_cache_usage == 0.0
+    assert stats.kv_cache_usage == 0.0
 
 
 def test_chunked_prefill_in_small_chunks(tiny):
     path, hf_model = tiny
-    llm = LLM(
-        path,
-        dtype="float32",
-        num_gpu_blocks_override=128,
-        block_size=4,
-        max_model_len=256,
-        max_num_batched_tokens=5,
-        max_num_seqs=3,
-    )
+    llm = exact_llm(path, max_num_batched_tokens=5, max_num_seqs=3)
     check_against_reference(llm, hf_model, PROMPTS)
