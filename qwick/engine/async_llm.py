@@ -30,14 +30,11 @@ from collections.abc import AsyncIterator, Sequence
 
 import zmq
 import zmq.asyncio
-from transformers import AutoTokenizer
 
 from qwick.config import EngineConfig
 from qwick.engine import messages as m
 from qwick.engine.core_proc import run_engine_core
-from qwick.engine.output_processor import OutputProcessor
-from qwick.engine.processor import InputProcessor, ProcessorLimits, eos_token_ids
-from qwick.loader.model_loader import derive_max_model_len, load_config, resolve_model
+from qwick.engine.processor import build_frontend
 from qwick.outputs import RequestOutput
 from qwick.sampling_params import RequestOutputKind, SamplingParams
 
@@ -148,20 +145,13 @@ class AsyncLLM:
         return self
 
     def _load_api_side(self) -> None:
-        config = self.config
-        resolved = resolve_model(config.model, config.revision)
-        self.model_name = resolved.name
-        self.model_path = resolved.path
-        self.model_source = resolved.source
-        self.hf_config = load_config(resolved.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or resolved.path)
-        self.max_model_len = derive_max_model_len(self.hf_config, config.max_model_len)
-        self.vocab_size = self.hf_config.vocab_size
-        limits = ProcessorLimits(self.vocab_size, self.max_model_len, config.enable_prefix_caching)
-        self.input_processor = InputProcessor(
-            self.tokenizer, eos_token_ids(resolved.path, self.tokenizer), limits
-        )
-        self.output_processor = OutputProcessor(self.tokenizer)
+        front = build_frontend(self.config)
+        self.model_name, self.model_path = front.model_name, front.model_path
+        self.model_source = front.model_source
+        self.hf_config, self.tokenizer = front.hf_config, front.tokenizer
+        self.max_model_len = front.max_model_len
+        self.vocab_size = front.hf_config.vocab_size
+        self.input_processor, self.output_processor = front.input_processor, front.output_processor
 
     async def _start(self, startup_timeout: float | None) -> None:
         start = time.perf_counter()

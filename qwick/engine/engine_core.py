@@ -101,11 +101,9 @@ class EngineCore:
         updated = self.scheduler.update_from_output(scheduler_output, sampled)
         now = time.monotonic()
         for request in updated:
-            if request.first_token_time is None:
-                request.first_token_time = now
-            if request.is_finished and request.finished_time is None:
-                request.finished_time = now
             new = sampled.get(request.request_id, [])
+            if new and request.first_token_time is None:
+                request.first_token_time = now
             lp = runner_output.logprobs.get(request.request_id)
             outputs.append(self._output(request, new, [lp] if lp is not None else None))
         return outputs

@@ -12,13 +12,9 @@ import logging
 import time
 from collections.abc import Sequence
 
-from transformers import AutoTokenizer
-
 from qwick.config import EngineConfig
 from qwick.engine.engine_core import EngineCore
-from qwick.engine.output_processor import OutputProcessor
-from qwick.engine.processor import InputProcessor, ProcessorLimits, eos_token_ids
-from qwick.loader.model_loader import derive_max_model_len, load_config, resolve_model
+from qwick.engine.processor import build_frontend
 from qwick.outputs import RequestOutput
 from qwick.sampling_params import SamplingParams
 
@@ -28,27 +24,21 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         start = time.perf_counter()
-        resolved = resolve_model(config.model, config.revision)
-        self.model_name = resolved.name
-        self.model_path = resolved.path
-        self.hf_config = load_config(resolved.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or resolved.path)
-        self.max_model_len = derive_max_model_len(self.hf_config, config.max_model_len)
+        front = build_frontend(config)
+        self.model_name, self.model_path = front.model_name, front.model_path
+        self.hf_config, self.tokenizer = front.hf_config, front.tokenizer
+        self.max_model_len = front.max_model_len
+        self.vocab_size = front.hf_config.vocab_size
+        self.input_processor, self.output_processor = front.input_processor, front.output_processor
         self.config = config
-        self.core = EngineCore(config, self.hf_config, resolved.path, self.max_model_len)
-        self.vocab_size = self.hf_config.vocab_size
-        limits = ProcessorLimits(self.vocab_size, self.max_model_len, config.enable_prefix_caching)
-        self.input_processor = InputProcessor(
-            self.tokenizer, eos_token_ids(resolved.path, self.tokenizer), limits
-        )
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.core = EngineCore(config, self.hf_config, self.model_path, self.max_model_len)
         self._ids = itertools.count()
         self.load_time = time.perf_counter() - start
         runner = self.core.runner
         logger.info(
             "qwick ready: %s (%s) on %s, %s, max_model_len=%d, KV cache %d tokens, loaded in %.1fs",
             self.model_name,
-            resolved.source,
+            front.model_source,
             runner.device,
             str(runner.dtype).removeprefix("torch."),
             self.max_model_len,
@@ -68,8 +58,6 @@ class LLMEngine:
         priority: int = 0,
     ) -> str:
         request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.output_processor.states:
-            raise ValueError(f"request id {request_id!r} is already in use")
         state, requests = self.input_processor.process(request_id, prompt, params, priority=priority)
         self.output_processor.add(state)
         for request in requests:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from transformers import GenerationConfig
 
 from qwick.core.request import Request
-from qwick.engine.output_processor import RequestState, SampleState
+from qwick.engine.output_processor import OutputProcessor, RequestState, SampleState
 from qwick.sampling_params import SamplingParams
 
 
@@ -114,3 +114,40 @@ class InputProcessor:
                 )
             )
         return state, requests
+
+
+@dataclass
+class Frontend:
+    """Everything on the text side of the engine: where the model lives, its config and tokenizer, and
+    the processors around the engine core. Built the same way for `LLM` and for the server."""
+
+    model_name: str
+    model_path: str
+    model_source: str
+    hf_config: object
+    tokenizer: object
+    max_model_len: int
+    input_processor: InputProcessor
+    output_processor: OutputProcessor
+
+
+def build_frontend(config) -> Frontend:
+    from transformers import AutoTokenizer
+
+    from qwick.loader.model_loader import derive_max_model_len, load_config, resolve_model
+
+    resolved = resolve_model(config.model, config.revision)
+    hf_config = load_config(resolved.path)
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or resolved.path)
+    max_model_len = derive_max_model_len(hf_config, config.max_model_len)
+    limits = ProcessorLimits(hf_config.vocab_size, max_model_len, config.enable_prefix_caching)
+    return Frontend(
+        model_name=resolved.name,
+        model_path=resolved.path,
+        model_source=resolved.source,
+        hf_config=hf_config,
+        tokenizer=tokenizer,
+        max_model_len=max_model_len,
+        input_processor=InputProcessor(tokenizer, eos_token_ids(resolved.path, tokenizer), limits),
+        output_processor=OutputProcessor(tokenizer),
+    )
