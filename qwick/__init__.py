@@ -7,12 +7,20 @@ imported without torch.
 from typing import TYPE_CHECKING
 
 from qwick.outputs import CompletionOutput, Logprob, RequestOutput
-from qwick.sampling_params import RequestOutputKind, SamplingParams
+from qwick.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from qwick.entrypoints.llm import LLM
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind"]
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "Logprob",
+    "RequestOutputKind",
+]
 __version__ = "0.1.0"
 
 

@@ -21,6 +21,35 @@ class RequestOutputKind(IntEnum):
 
 
 @dataclass
+class StructuredOutputsParams:
+    """A constraint on the output (vLLM's `StructuredOutputsParams`): exactly one of the fields is set.
+
+    `json` is a JSON Schema (dict or JSON text); `json_object` asks for any JSON object; `regex`, `choice`
+    (one of the strings) and `grammar` (EBNF, xgrammar's dialect) constrain the text directly.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [
+            name
+            for name in ("json", "regex", "choice", "grammar", "json_object")
+            if getattr(self, name) not in (None, False)
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "structured outputs need exactly one of json, regex, choice, grammar, json_object; "
+                f"got {', '.join(given) or 'none'}."
+            )
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
+            raise ValueError("structured outputs choice must be a non-empty list of strings.")
+
+
+@dataclass
 class SamplingParams:
     """What to generate and how. Field names and defaults follow vLLM's `SamplingParams`."""
 
@@ -45,6 +74,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled in by the engine from the model's generation config / tokenizer, not by users.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
