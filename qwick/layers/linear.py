@@ -30,11 +30,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 class LinearMethod:
     """How a linear layer stores and applies its weight. Quantized formats subclass this."""
 
+    repacks_weight = False  # True when `process_weights_after_loading` changes the weight's layout
+
     def process_weights_after_loading(self, layer: Linear) -> None:
         """Turn the loaded checkpoint weight into the form `apply` wants (repack, quantize, ...)."""
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, layer.weight, layer.bias)
+        return self.matmul(x, layer.weight, layer.bias)
+
+    def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """`x @ weight.T + bias` on a plain (not repacked) weight, e.g. a tied embedding as the LM head."""
+        return linear(x, weight, bias)
 
 
 class CpuPackedLinearMethod(LinearMethod):
@@ -44,6 +50,8 @@ class CpuPackedLinearMethod(LinearMethod):
     1 and 16 rows, against 11-14 GB/s for `F.linear` on the plain weight.
     """
 
+    repacks_weight = True
+
     def process_weights_after_loading(self, layer: Linear) -> None:
         packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.data, 16)
         layer.weight = nn.Parameter(packed, requires_grad=False)
@@ -52,7 +60,32 @@ class CpuPackedLinearMethod(LinearMethod):
         return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
 
 
+class CudaLinearMethod(LinearMethod):
+    """Our skinny-GEMM kernel for decode-sized inputs (at most 16 rows) in bf16/fp16, cuBLAS otherwise.
+
+    At batch 1 cuBLAS streams a 7B model's weights at ~3.3 TB/s; the split-K Triton kernel in
+    `qwick.kernels.gemv` gets closer to the copy bandwidth (see BENCHMARKS.md). fp32 stays on cuBLAS, whose
+    IEEE products the correctness tests compare against.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        from qwick.kernels.gemv import GemvWorkspace
+
+        self.workspace = GemvWorkspace(device)
+
+    def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from qwick.kernels.gemv import MAX_M, gemv
+
+        if x.dim() == 2 and 0 < x.shape[0] <= MAX_M and x.dtype in (torch.bfloat16, torch.float16):
+            if x.stride(-1) != 1:
+                x = x.contiguous()
+            return gemv(x, weight, bias, self.workspace)
+        return F.linear(x, weight, bias)
+
+
 def select_linear_method(device: torch.device, dtype: torch.dtype) -> LinearMethod:
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        return CudaLinearMethod(device)
     if (
         device.type == "cpu"
         and dtype in (torch.bfloat16, torch.float16)

@@ -1,4 +1,4 @@
-"""RMSNorm, with the residual add fused in (one pass over the hidden state on GPU kernels later)."""
+"""RMSNorm, with the residual add fused in: on CUDA one Triton kernel does both in one pass."""
 
 from __future__ import annotations
 
@@ -22,7 +22,22 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """`norm(x)`, or with a residual: `(norm(x + residual), x + residual)`."""
+        """`norm(x)`, or with a residual: `(norm(x + residual), x + residual)`.
+
+        On CUDA (2-D inputs) the fused kernel writes `x + residual` into `residual` in place.
+        """
+        if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
+            from qwick.kernels.elementwise import rms_norm
+
+            if residual is None:
+                return rms_norm(x, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps, residual=residual), residual
+        return self.forward_native(x, residual)
+
+    def forward_native(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The PyTorch path (every device): transformers' arithmetic, and the fused kernel's oracle."""
         if residual is None:
             return self._norm(x)
         x = x + residual

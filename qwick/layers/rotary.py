@@ -10,6 +10,8 @@ once for `max_model_len` (none when it is within the original context), so cache
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig
@@ -55,15 +57,35 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin_cache", emb.sin() * scaling, persistent=False)
         self.max_len = max_len
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for `positions` ([tokens]), shaped [tokens, 1, head_dim] to broadcast over heads.
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeStep:
+        """What every layer of this step needs to rotate its q and k (built once per step).
 
-        Gathered once per step and shared by every layer.
+        On CUDA the layers rotate in place with a kernel that gathers cos/sin by position itself; elsewhere
+        cos/sin are gathered here once, shaped [tokens, 1, head_dim] to broadcast over heads.
         """
-        return (
-            self.cos_cache[positions].to(dtype).unsqueeze(1),
-            self.sin_cache[positions].to(dtype).unsqueeze(1),
-        )
+        if positions.is_cuda:
+            return RopeStep(positions, self.cos_cache, self.sin_cache)
+        cos = self.cos_cache[positions].to(dtype).unsqueeze(1)
+        sin = self.sin_cache[positions].to(dtype).unsqueeze(1)
+        return RopeStep(positions, self.cos_cache, self.sin_cache, cos, sin)
+
+
+@dataclass
+class RopeStep:
+    positions: torch.Tensor
+    cos_cache: torch.Tensor  # fp32 tables [max_len, head_dim]
+    sin_cache: torch.Tensor
+    cos: torch.Tensor | None = None  # gathered for the PyTorch path
+    sin: torch.Tensor | None = None
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]; rotated (in place on CUDA)."""
+        if self.cos is None:
+            from qwick.kernels.elementwise import rotary_in_place
+
+            rotary_in_place(q, k, self.positions, self.cos_cache, self.sin_cache)
+            return q, k
+        return apply_rotary(q, k, self.cos, self.sin)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,9 @@ from transformers import PretrainedConfig
 
 from qwick.layers.activation import SiluAndMul
 from qwick.layers.attention.layer import Attention
-from qwick.layers.linear import Linear, LinearMethod, VocabEmbedding, linear
+from qwick.layers.linear import Linear, LinearMethod, VocabEmbedding
 from qwick.layers.norm import RMSNorm
-from qwick.layers.rotary import RotaryEmbedding, apply_rotary
+from qwick.layers.rotary import RopeStep, RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -54,15 +54,15 @@ class DecoderAttention(nn.Module):
             _sliding_window(config, layer_idx),
         )
 
-    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def forward(self, rope: RopeStep, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
-        out = self.attn(q.flatten(1), k.flatten(1), v.contiguous())
+        q, k = rope.apply(q, k)
+        out = self.attn(q.flatten(1), k.flatten(1), v)
         return self.o_proj(out)
 
 
@@ -96,7 +96,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, residual: torch.Tensor | None
+        self, rope: RopeStep, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = x
@@ -149,6 +149,7 @@ class DecoderForCausalLM(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        self.linear_method = LinearMethod()
         for p in self.parameters():
             p.requires_grad_(False)
 
@@ -160,13 +161,14 @@ class DecoderForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head is None:
-            return linear(hidden, self.model.embed_tokens.weight).float()
+        if self.lm_head is None:  # tied, and the method keeps weights as they are: reuse the embedding
+            return self.linear_method.matmul(hidden, self.model.embed_tokens.weight, None).float()
         return self.lm_head(hidden).float()
 
     def process_weights_after_loading(self, method: LinearMethod) -> None:
         """Hand every linear layer its method once the checkpoint is in (repacking happens here)."""
-        if self.lm_head is None and type(method) is not LinearMethod:
+        self.linear_method = method
+        if self.lm_head is None and method.repacks_weight:
             # Tied: the embedding table stays plain for lookups; the LM head gets its own repacked copy.
             weight = self.model.embed_tokens.weight
             self.lm_head = Linear(weight.shape[1], weight.shape[0]).to(weight.device)

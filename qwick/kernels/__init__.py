@@ -1,0 +1,1 @@
+"""Triton kernels for the GPU path. Imported only when a CUDA tensor needs them (the CPU path never does)."""

@@ -1,0 +1,221 @@
+"""Skinny GEMM (`y = x @ W.T + b` for x with at most 16 rows): the decode-step matmul, on the GPU.
+
+At batch 1-16 a decode step is bound by reading the weights once from HBM; cuBLAS reaches ~3.3 TB/s on the
+7B layer shapes at M=1, against ~4.3 TB/s that a plain copy reaches. This kernel streams W in
+[BLOCK_N, BLOCK_K] tiles with several loads in flight and multiplies by the (padded to 16) activation rows
+on the tensor cores (`tl.dot`): the arithmetic is free, only the weight bytes count.
+
+When N / BLOCK_N programs are too few to keep every SM streaming (the 3584-wide outputs of a 7B model),
+K is split over SPLIT_K programs per output tile. The split partials go to an fp32 workspace and the last
+program of a tile to finish (an atomic counter per tile) sums them and writes the output: one launch,
+no memset and no separate reduction kernel, and the counter is reset by that program, so the kernel can be
+replayed in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    counter_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    m_ok = rm < M
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + rm[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        kk = k + rk
+        if EVEN_K:
+            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
+            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
+        else:
+            k_ok = kk < k_end
+            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+    _gemv_epilogue(
+        acc,
+        b_ptr,
+        y_ptr,
+        ws_ptr,
+        counter_ptr,
+        rm,
+        rn,
+        m_ok,
+        n_ok,
+        pid_n,
+        pid_k,
+        N,
+        stride_ym,
+        HAS_BIAS,
+        SPLIT_K,
+        BLOCK_M,
+        BLOCK_N,
+    )
+
+
+@triton.jit
+def _gemv_epilogue(
+    acc,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    counter_ptr,
+    rm,
+    rn,
+    m_ok,
+    n_ok,
+    pid_n,
+    pid_k,
+    N,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Write the tile (+ bias); with split-K, stage the partial and let the tile's last program reduce."""
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    y_ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # workspace layout: [SPLIT_K, BLOCK_M, N] fp32
+        ws_tile = ws_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(ws_tile + pid_k * BLOCK_M * N, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        done = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT_K - 1:  # the last split of this tile: reduce and publish
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                total += tl.load(ws_tile + s * BLOCK_M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def default_config(m: int, n: int, k: int, num_sms: int) -> GemvConfig:
+    """The launch shape for an [m, k] x [n, k]^T product, from a sweep on the H200 (.bench/gemv_sweep.py).
+
+    The landscape is flat (the best of 48 shapes within 1-3% of these picks, on every qwen2.5-7b and -14b
+    layer shape at M = 1..16): wide outputs stream 32-64 rows per program over the whole K; narrow outputs
+    (a 3584-5120 hidden size) with a long K split it 4 ways so that enough programs stream at once.
+    """
+    if n >= 65536:  # LM heads
+        return GemvConfig(64, 256, 1, num_stages=3)
+    if n >= 16384:  # gate/up projections
+        return GemvConfig(32, 128, 1, num_stages=3)
+    if k >= 12288 and triton.cdiv(n, 64) < 2 * num_sms:  # down projections
+        return GemvConfig(64, 128, 4, num_stages=3)
+    return GemvConfig(64, 256, 1, num_stages=4)
+
+
+class GemvWorkspace:
+    """The split-K scratch shared by every skinny matmul of a model (calls on one stream never overlap).
+
+    Counters start at zero and each tile's last program resets its own, so the buffers are allocated once
+    (before CUDA-graph capture) and reused forever.
+    """
+
+    def __init__(self, device: torch.device, max_elems: int = 1 << 22, max_tiles: int = 1 << 16) -> None:
+        self.partials = torch.empty(max_elems, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(max_tiles, dtype=torch.int32, device=device)
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self.configs: dict[tuple[int, int, int], GemvConfig] = {}
+
+    def config_for(self, m: int, n: int, k: int) -> GemvConfig:
+        key = (triton.next_power_of_2(m), n, k)
+        cfg = self.configs.get(key)
+        if cfg is None:
+            cfg = self.configs[key] = default_config(key[0], n, k, self.num_sms)
+        return cfg
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    ws: GemvWorkspace,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """`x @ weight.T + bias` for x [M <= 16, K] (unit stride along K), weight [N, K] contiguous."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert m <= MAX_M and weight.shape[1] == k and x.stride(1) == 1 and weight.stride(1) == 1
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    cfg = config or ws.config_for(m, n, k)
+    tiles = triton.cdiv(n, cfg.block_n)
+    if cfg.split_k > 1 and (cfg.split_k * MAX_M * n > ws.partials.numel() or tiles > ws.counters.numel()):
+        raise ValueError(f"split-K workspace too small for {cfg} at N={n}")
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    _gemv_kernel[(tiles, cfg.split_k)](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        ws.partials,
+        ws.counters,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        HAS_BIAS=bias is not None,
+        SPLIT_K=cfg.split_k,
+        BLOCK_M=MAX_M,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        EVEN_K=k % k_per_split == 0 and k_per_split % cfg.block_k == 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return y
