@@ -141,7 +141,7 @@ class GemvConfig:
 
 
 def default_config(m: int, n: int, k: int, num_sms: int) -> GemvConfig:
-    """The launch shape for an [m, k] x [n, k]^T product, from a sweep on the H200 (.bench/gemv_sweep.py).
+    """The launch shape for an [m, k] x [n, k]^T product, from a sweep on the H200 (benchmarks/gemv_sweep.py).
 
     The landscape is flat (the best of 48 shapes within 1-3% of these picks, on every qwen2.5-7b and -14b
     layer shape at M = 1..16): wide outputs stream 32-64 rows per program over the whole K; narrow outputs

@@ -1,0 +1,118 @@
+"""Where a batch-1 decode step's time goes at a real shape: graph replay, logits, sampler, host."""
+
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.getcwd())
+import json
+
+from qwick import LLM, SamplingParams
+from qwick.bench.shapes import model_dir_for_shape
+
+tab = os.environ.get("GEMV_TABLE")
+if tab and os.path.exists(tab):
+    import qwick.kernels.gemv as G
+
+    with open(tab) as f:
+        table = json.load(f)
+    orig = G.default_config
+
+    def dc(m, n, k, sms):
+        e = table.get(f"{n}x{k}/{m}")
+        return G.GemvConfig(**e["cfg"]) if e else orig(m, n, k, sms)
+
+    G.default_config = dc
+    print("using tuned GEMV table", flush=True)
+shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-7b"
+t0 = time.perf_counter()
+llm = LLM(model_dir_for_shape(shape), load_format="dummy", max_model_len=4096)
+print(f"{shape}: startup {time.perf_counter() - t0:.1f} s", flush=True)
+eng = llm.llm_engine
+runner = eng.core.runner
+g = torch.Generator().manual_seed(0)
+
+
+def run(n_out=128, bs=1):
+    for _ in range(bs):
+        eng.add_request(
+            torch.randint(100, 150000, (128,), generator=g).tolist(),
+            SamplingParams(max_tokens=n_out, temperature=0, ignore_eos=True),
+        )
+    ts = []
+    while eng.has_unfinished_requests():
+        t = time.perf_counter()
+        eng.step()
+        ts.append(time.perf_counter() - t)
+    return ts
+
+
+run(16)
+ts = run(128)
+med = statistics.median(ts[2:])
+print(f"engine step median {med * 1e3:.3f} ms -> {1 / med:.1f} tok/s", flush=True)
+# graph replay alone
+gr = runner.graph_runner
+graph = gr.graphs[1].graph
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+for _ in range(5):
+    graph.replay()
+torch.cuda.synchronize()
+s.record()
+for _ in range(100):
+    graph.replay()
+e.record()
+torch.cuda.synchronize()
+print(f"graph replay (bs 1) {s.elapsed_time(e) / 100:.3f} ms", flush=True)
+hidden = gr.graphs[1].hidden[:1]
+torch.cuda.synchronize()
+s.record()
+for _ in range(100):
+    logits = runner.model.compute_logits(hidden)
+e.record()
+torch.cuda.synchronize()
+print(f"compute_logits {s.elapsed_time(e) / 100:.3f} ms", flush=True)
+# profile host side of steps
+eng.add_request(
+    torch.randint(100, 150000, (128,), generator=g).tolist(),
+    SamplingParams(max_tokens=200, temperature=0, ignore_eos=True),
+)
+eng.step()
+eng.step()
+pr = cProfile.Profile()
+pr.enable()
+for _ in range(100):
+    eng.step()
+pr.disable()
+buf = io.StringIO()
+pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+print(buf.getvalue()[:6000])
+while eng.has_unfinished_requests():
+    eng.step()
+# kernel summary of decode steps
+eng.add_request(
+    torch.randint(100, 150000, (128,), generator=g).tolist(),
+    SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
+)
+eng.step()
+eng.step()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    for _ in range(20):
+        eng.step()
+print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
+out = os.environ.get("OUT")
+if out:
+    prof.export_chrome_trace(os.path.join(out, f"trace_{shape}.json"))
+while eng.has_unfinished_requests():
+    eng.step()
+for bs in (8, 16, 64):
+    ts = run(64, bs)
+    med = statistics.median(ts[3:])
+    print(f"bs {bs}: step {med * 1e3:.2f} ms -> {bs / med:.0f} tok/s", flush=True)
