@@ -15,3 +15,14 @@ def test_offline_engine_imports_no_server_dependencies():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_engine_imports_no_xgrammar():
+    """Structured output imports xgrammar only for a request that asks for it (the GPU machine has none)."""
+    code = (
+        "import sys, qwick, qwick.entrypoints.llm, qwick.engine.engine_core, qwick.runner.sampler, "
+        "qwick.structured_output, qwick.engine.processor\n"
+        "print('xgrammar' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout

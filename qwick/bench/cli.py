@@ -55,24 +55,66 @@ def _reference(llm, args) -> object | None:
     return load_transformers(llm.llm_engine.model_path, dtype, str(runner.device))
 
 
+def _structured(args: argparse.Namespace):
+    """`--structured [SCHEMA.json]`: the constraint of the structured runs (None: no structured runs)."""
+    if args.structured is None:
+        return None
+    from qwick.bench.engine_bench import BENCH_SCHEMA
+    from qwick.sampling_params import StructuredOutputsParams
+
+    if args.structured == "builtin":
+        return StructuredOutputsParams(json=BENCH_SCHEMA)
+    with open(args.structured) as f:
+        return StructuredOutputsParams(json=json.load(f))
+
+
+def _forget_prefixes(llm, structured) -> None:
+    """With `--structured` both passes run the same prompts: empty the prefix cache before each run, so
+    the second pass is not served prompts the first one computed."""
+    if structured is not None:
+        llm.llm_engine.core.scheduler.kv_cache.reset_prefix_cache()
+
+
+def _add_structured(result: dict, runs: list[dict], key: str, higher_is_better: bool) -> None:
+    """Add the structured runs' median and its speed relative to the unconstrained median."""
+    runs.sort(key=lambda r: r[key])
+    result["qwick_structured"] = runs[len(runs) // 2]
+    result["qwick_structured_runs"] = runs
+    plain, constrained = result["qwick"][key], result["qwick_structured"][key]
+    result["structured_relative_speed"] = constrained / plain if higher_is_better else plain / constrained
+
+
 def cmd_latency(args: argparse.Namespace) -> dict:
     from qwick.bench import engine_bench, hf_reference
     from qwick.bench.workloads import fixed_requests
 
     llm = _build_llm(args)
     vocab = llm.llm_engine.vocab_size
+    structured = _structured(args)
     engine_bench.step_timings(llm, fixed_requests(args.batch_size, 16, 4, vocab, seed=-1))  # warm-up
-    # Fresh prompts for every run, so no run is served from the prefix cache of an earlier one.
-    runs = [
+    if structured is not None:  # compiles the grammar before anything is timed
         engine_bench.step_timings(
-            llm,
-            fixed_requests(args.batch_size, args.input_len, args.output_len, vocab, seed=args.bench_seed + i),
+            llm, fixed_requests(args.batch_size, 16, 4, vocab, seed=-1), structured=structured
         )
-        for i in range(args.num_iters)
-    ]
+
+    # Fresh prompts for every run, so no run is served from the prefix cache of an earlier one; the
+    # structured runs get the same prompts as the unconstrained ones (with the cache emptied first).
+    def one(i: int, constraint) -> dict:
+        _forget_prefixes(llm, structured)
+        reqs = fixed_requests(
+            args.batch_size, args.input_len, args.output_len, vocab, seed=args.bench_seed + i
+        )
+        return engine_bench.step_timings(llm, reqs, structured=constraint)
+
+    def timed(constraint):
+        return [one(i, constraint) for i in range(args.num_iters)]
+
+    runs = timed(None)
     reqs = fixed_requests(args.batch_size, args.input_len, args.output_len, vocab, seed=args.bench_seed)
     runs.sort(key=lambda r: r["decode_step_ms_median"])
     result = {"qwick": runs[len(runs) // 2], "qwick_runs": runs}
+    if structured is not None:
+        _add_structured(result, timed(structured), "decode_step_ms_median", higher_is_better=False)
     ref = _reference(llm, args)
     if ref is not None:
         if args.batch_size == 1:
@@ -96,14 +138,24 @@ def cmd_throughput(args: argparse.Namespace) -> dict:
             )
         return fixed_requests(args.num_prompts, args.input_len, args.output_len, vocab, seed=seed)
 
-    # Fresh prompts for every run, so no run is served from the prefix cache of an earlier one.
-    runs = [
-        engine_bench.throughput(llm, workload(args.bench_seed + i), temperature=args.temperature)
-        for i in range(args.num_iters)
-    ]
+    # Fresh prompts for every run, so no run is served from the prefix cache of an earlier one; the
+    # structured runs get the same prompts as the unconstrained ones (with the cache emptied first).
+    def one(i: int, constraint) -> dict:
+        _forget_prefixes(llm, structured)
+        return engine_bench.throughput(
+            llm, workload(args.bench_seed + i), temperature=args.temperature, structured=constraint
+        )
+
+    def timed(constraint):
+        return [one(i, constraint) for i in range(args.num_iters)]
+
+    structured = _structured(args)
+    runs = timed(None)
     reqs = workload(args.bench_seed)
     runs.sort(key=lambda r: r["output_tokens_per_s"])
     result = {"qwick": runs[len(runs) // 2], "qwick_runs": runs}
+    if structured is not None:
+        _add_structured(result, timed(structured), "output_tokens_per_s", higher_is_better=True)
     ref = _reference(llm, args)
     if ref is not None:
         result["transformers"] = hf_reference.batched_throughput(ref, reqs)
@@ -170,8 +222,20 @@ def add_bench_parser(sub, add_engine_args) -> None:
             "--bench-seed", dest="bench_seed", type=int, default=0, help="seed of the random prompts"
         )
 
+    def structured_arg(p):
+        p.add_argument(
+            "--structured",
+            nargs="?",
+            const="builtin",
+            default=None,
+            metavar="SCHEMA_JSON",
+            help="also run the same prompts under a JSON Schema (a built-in one, or this file's) and report "
+            "the constrained speed beside the unconstrained one",
+        )
+
     lat = kinds.add_parser("latency", help="decode speed and time to first token at a fixed batch size")
     common(lat)
+    structured_arg(lat)
     lat.add_argument("--batch-size", type=int, default=1)
     lat.add_argument("--input-len", type=int, default=128)
     lat.add_argument("--output-len", type=int, default=256)
@@ -179,6 +243,7 @@ def add_bench_parser(sub, add_engine_args) -> None:
 
     thr = kinds.add_parser("throughput", help="one generate over many requests")
     common(thr)
+    structured_arg(thr)
     thr.add_argument("--num-prompts", type=int, default=256)
     thr.add_argument("--input-len", type=int, default=128)
     thr.add_argument("--output-len", type=int, default=128)
@@ -220,6 +285,12 @@ def _run(args: argparse.Namespace, fn) -> int:
     key = "decode_tokens_per_s" if "decode_tokens_per_s" in ref else "output_tokens_per_s"
     if ours.get(key) and ref.get(key):
         print(f"qwick {ours[key]:.1f} tok/s, transformers {ref[key]:.1f} tok/s: {ours[key] / ref[key]:.2f}x")
+    constrained = result.get("qwick_structured", {})
+    if ours.get(key) and constrained.get(key):
+        print(
+            f"qwick {ours[key]:.1f} tok/s, with a JSON schema {constrained[key]:.1f} tok/s: "
+            f"{result['structured_relative_speed']:.2f}x"
+        )
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(report, f, indent=2)

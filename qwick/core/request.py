@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from qwick.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from qwick.structured_output.manager import RequestGrammar
 
 
 class RequestStatus(enum.IntEnum):
@@ -66,6 +70,9 @@ class Request:
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
+        # Set by the engine core for a request with `structured_outputs`: its grammar state. The scheduler
+        # skips it while `.ready` is False (still compiling) and advances it with each sampled token.
+        self.structured_output: RequestGrammar | None = None
 
         # Timing, for metrics and the per-request breakdown.
         self.first_scheduled_time: float | None = None

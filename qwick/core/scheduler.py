@@ -9,11 +9,15 @@ later. For the priority policy `running` is kept sorted by (priority, arrival_ti
 least important one. Either way the victim is never a request already scheduled in this step: the scan goes
 front to back and victims come off the back, so no scheduled row ever loses its blocks (its freshly cached
 blocks would otherwise be visible to others without their KV ever being written).
+
+Structured output: a waiting request whose grammar is still compiling is passed over (it keeps its place),
+and every sampled token advances the request's grammar; a grammar that terminates finishes the request.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -23,6 +27,8 @@ from qwick.config import CacheConfig, SchedulerConfig
 from qwick.core.kv_cache_manager import KVCacheManager
 from qwick.core.request import Request, RequestStatus
 from qwick.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -152,10 +158,15 @@ class Scheduler:
             budget -= num_new
 
         # Then waiting requests, unless memory was too tight to keep everyone running this step.
+        # Requests whose grammar is still compiling are passed over (and keep their place in the queue).
+        skipped: list[Request] = []
         while budget > 0 and not out.preempted_request_ids and len(self.waiting) > 0:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             request = self.waiting.peek()
+            if request.structured_output is not None and not request.structured_output.ready:
+                skipped.append(self.waiting.pop())
+                continue
             computed_blocks, num_hit = self.kv_cache.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit
             if num_new > budget:
@@ -173,6 +184,8 @@ class Scheduler:
             self._admit(request, num_hit)
             self._add_row(out, request, num_new)
             budget -= num_new
+        for request in reversed(skipped):
+            self.waiting.push(request, front=True)
         return out
 
     def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
@@ -255,7 +268,15 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token_id: int) -> bool:
         params = request.sampling_params
-        if request.num_output_tokens > params.min_tokens and token_id in params.all_stop_token_ids:
+        grammar = request.structured_output
+        if grammar is not None and not grammar.accept(token_id):
+            # Only when the grammar's every allowed token was masked to -inf (say, min_tokens holding back
+            # the stop token of a complete grammar): nothing valid can follow, so stop here.
+            logger.warning("request %s: token %d breaks its grammar; stopping", request.request_id, token_id)
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        stop_token = request.num_output_tokens > params.min_tokens and token_id in params.all_stop_token_ids
+        if stop_token or (grammar is not None and grammar.is_terminated):
             request.status = RequestStatus.FINISHED_STOPPED
             request.stop_reason = token_id
         elif request.num_output_tokens >= request.max_tokens or request.num_tokens >= self._max_model_len:

@@ -16,6 +16,7 @@ from qwick.config import CacheConfig, EngineConfig, SchedulerConfig
 from qwick.core.request import Request, RequestStatus
 from qwick.core.scheduler import Scheduler
 from qwick.runner.model_runner import ModelRunner, TokenLogprobs
+from qwick.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +43,22 @@ def default_max_num_batched_tokens(config: EngineConfig, max_model_len: int) -> 
     return 8192 if config.enable_chunked_prefill else max(8192, max_model_len)
 
 
+# How long an idle step waits for a grammar to finish compiling before returning (so the loop still
+# notices new input and aborts at this pace, without spinning).
+GRAMMAR_WAIT_S = 0.05
+
+
 class EngineCore:
     def __init__(
-        self, config: EngineConfig, hf_config: PretrainedConfig, model_path: str | None, max_model_len: int
+        self,
+        config: EngineConfig,
+        hf_config: PretrainedConfig,
+        model_path: str | None,
+        max_model_len: int,
+        tokenizer=None,
     ):
+        """`tokenizer`: the front end's, when it lives in this process; otherwise structured output loads
+        one from `config.tokenizer or model_path` when the first constrained request arrives."""
         self.config = config
         self.max_model_len = max_model_len
         self.runner = ModelRunner(config, hf_config, model_path, max_model_len)
@@ -77,8 +90,13 @@ class EngineCore:
                 "one long request could never run; lower max_model_len or give the KV cache more blocks"
             )
         self._finished_now: list[Request] = []
+        self.structured_output = StructuredOutputManager(
+            hf_config.vocab_size, tokenizer=tokenizer, tokenizer_path=config.tokenizer or model_path
+        )
 
     def add_request(self, request: Request) -> None:
+        if request.sampling_params.structured_outputs is not None:
+            self.structured_output.add_request(request)  # compiles off this thread; the request waits
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -93,9 +111,17 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         """Schedule, run the model once, and report what each request got."""
+        structured = self.structured_output
+        if structured.has_pending:
+            failed = structured.poll()
+            if failed:
+                ids = [r.request_id for r in failed]
+                self._finished_now.extend(self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED))
         outputs = [self._output(r, [], None) for r in self._finished_now]
         self._finished_now = []
         scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty and structured.has_pending:
+            structured.wait(GRAMMAR_WAIT_S)  # nothing runnable until a grammar compiles: wait, don't spin
         runner_output = self.runner.execute(scheduler_output)  # nothing to run: an empty output
         sampled = {rid: [tok] for rid, tok in runner_output.sampled_token_ids.items()}
         updated = self.scheduler.update_from_output(scheduler_output, sampled)

@@ -31,7 +31,9 @@ class LLMEngine:
         self.vocab_size = front.hf_config.vocab_size
         self.input_processor, self.output_processor = front.input_processor, front.output_processor
         self.config = config
-        self.core = EngineCore(config, self.hf_config, self.model_path, self.max_model_len)
+        self.core = EngineCore(
+            config, self.hf_config, self.model_path, self.max_model_len, tokenizer=self.tokenizer
+        )
         self._ids = itertools.count()
         self.load_time = time.perf_counter() - start
         runner = self.core.runner

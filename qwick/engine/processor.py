@@ -74,6 +74,13 @@ class InputProcessor:
             )
         if params.stop_token_ids and max(params.stop_token_ids) >= self.limits.vocab_size:
             raise ValueError(f"stop_token_ids outside the vocabulary (size {self.limits.vocab_size})")
+        if params.structured_outputs is not None:
+            from qwick.structured_output.grammar import validate_structured_outputs
+
+            try:
+                validate_structured_outputs(params.structured_outputs)
+            except ValueError as exc:
+                raise ValueError(f"structured_outputs: {exc}") from None
         room = max_len - num_prompt_tokens
         return room if params.max_tokens is None else min(params.max_tokens, room)
 

@@ -5,9 +5,10 @@ The order follows vLLM v1:
 
 1. logprobs from the raw logits (log_softmax before any processing): the sampled token's logprob and rank,
    and the top-k (k = the most logprobs any row asked for);
-2. logit_bias, then min_tokens masking (stop ids get -inf while num_output_tokens < min_tokens), then
-   penalties (repetition over prompt + output, HF/vLLM semantics; presence/frequency over output only,
-   OpenAI semantics);
+2. the grammar bitmask of rows with structured output (tokens the grammar forbids get -inf; only those
+   rows pay for it, a batch without any pays nothing), then logit_bias, then min_tokens masking (stop ids
+   get -inf while num_output_tokens < min_tokens), then penalties (repetition over prompt + output,
+   HF/vLLM semantics; presence/frequency over output only, OpenAI semantics);
 3. greedy rows take the argmax; the other rows: temperature, top-k, top-p, min-p, then an exponential race
    (argmax(probs / q), q ~ Exp(1)), which samples from probs without torch.multinomial's host sync.
 
@@ -16,16 +17,17 @@ vocabulary entry) and sets flags so that a batch of greedy rows with no penaltie
 Nothing in `Sampler.__call__` reads a device value back to the host: the caller's `.tolist()` of the
 sampled ids is the only sync.
 
-Seeds: the noise of a seeded row comes from a torch.Generator seeded by a hash of (seed, output position),
-so the row's draw does not depend on what else is in the batch, on row order, or on preemption and
-recompute. Unseeded rows share the sampler's generator. (CPU and CUDA generators differ, so a seed gives
-the same output on every run on the same kind of device, not across device kinds.)
+Seeds: the noise of a seeded row is a function of a hash of (seed, output position) alone (a torch.Generator
+reseeded per row on the CPU; one Philox kernel for all seeded rows on CUDA), so the row's draw does not
+depend on what else is in the batch, on row order, or on preemption and recompute. Unseeded rows share the
+sampler's generator. (The CPU and CUDA noise differ, so a seed gives the same output on every run on the
+same kind of device, not across device kinds.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -120,6 +122,10 @@ class SamplingMetadata:
     seeded_rows: list[int]
     seeded_generator_seeds: list[int]
     max_num_logprobs: int | None  # None: no row wants logprobs
+    # Structured output: an int32 [B, ceil(V / 32)] bitmask (bit set = allowed), on the logits' device,
+    # and the rows it applies to. None / empty when no row has a grammar.
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: list[int] = field(default_factory=list)
 
     @property
     def no_penalties(self) -> bool:
@@ -153,6 +159,7 @@ class SamplingMetadata:
         seeded_rows: list[int] = []
         seeded_seeds: list[int] = []
         max_num_logprobs: int | None = None
+        grammar_rows: list[int] = []
         any_top_k = any_top_p = any_min_p = False
         any_pres = any_freq = any_rep = False
         max_top_k = 0
@@ -204,6 +211,8 @@ class SamplingMetadata:
                         mt_toks.append(tok)
             if sp.logprobs is not None:
                 max_num_logprobs = max(max_num_logprobs or 0, sp.logprobs)
+            if req.structured_output is not None:
+                grammar_rows.append(i)
 
         def t(data, dtype):
             return torch.tensor(data, dtype=dtype, device=device)
@@ -220,6 +229,15 @@ class SamplingMetadata:
             out_ids = t(_pad([r.output_token_ids for r in requests], V), torch.long)
         if any_rep:
             prompt_ids = t(_pad([r.prompt_token_ids for r in requests], V), torch.long)
+
+        bitmask = None
+        if grammar_rows:
+            # Filled on the host by each row's matcher; unconstrained rows keep all bits set (unused).
+            bitmask = torch.full((n, (V + 31) // 32), -1, dtype=torch.int32)
+            for i in grammar_rows:
+                requests[i].structured_output.fill_bitmask(bitmask, i)
+            if device.type == "cuda":
+                bitmask = bitmask.pin_memory().to(device, non_blocking=True)
 
         return cls(
             num_rows=n,
@@ -246,7 +264,17 @@ class SamplingMetadata:
             seeded_rows=seeded_rows,
             seeded_generator_seeds=seeded_seeds,
             max_num_logprobs=max_num_logprobs,
+            grammar_bitmask=bitmask,
+            grammar_rows=grammar_rows,
         )
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Set to -inf, in place, every logit a row's grammar forbids (xgrammar's kernel: C++ on the CPU,
+    Triton on GPUs). Only reached when some row has a grammar, so xgrammar is imported only then."""
+    from xgrammar import apply_token_bitmask_inplace
+
+    apply_token_bitmask_inplace(logits, bitmask, indices=rows)
 
 
 def _bin_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -343,6 +371,8 @@ class Sampler:
         if meta.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
 
+        if meta.grammar_bitmask is not None:
+            apply_grammar_bitmask(logits, meta.grammar_bitmask, meta.grammar_rows)
         logits = self.process_logits(logits, meta)
 
         if meta.all_greedy:
@@ -393,7 +423,11 @@ class Sampler:
         q = torch.empty(shape, dtype=torch.float32, device=device)
         if len(meta.seeded_rows) < shape[0]:
             q.uniform_(generator=self._generator(device))
-        if meta.seeded_rows:
+        if meta.seeded_rows and q.is_cuda:
+            from qwick.kernels.sampling import seeded_uniform_
+
+            seeded_uniform_(q, meta.seeded_rows, meta.seeded_generator_seeds)
+        elif meta.seeded_rows:
             g = self._seeded_generator(device)
             for row, s in zip(meta.seeded_rows, meta.seeded_generator_seeds):
                 g.manual_seed(s)

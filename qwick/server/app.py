@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from qwick.server import protocol as p
+from qwick.server.chat_parsing import resolve_chat_parsers
 from qwick.server.cli import DEFAULT_MAX_BODY_BYTES
 from qwick.server.errors import (
     NOT_FOUND,
@@ -104,8 +105,21 @@ def build_app(engine: Any, args: argparse.Namespace | Any = None) -> FastAPI:
     max_body = getattr(args, "max_request_body_bytes", None) or DEFAULT_MAX_BODY_BYTES
     api_key = getattr(args, "api_key", None)
 
+    parsers = resolve_chat_parsers(
+        getattr(engine.tokenizer, "chat_template", None),
+        tool_call_parser=getattr(args, "tool_call_parser", None) or "auto",
+        enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", None),
+        reasoning_parser=getattr(args, "reasoning_parser", None) or "auto",
+    )
+    logger.info(
+        "tool call parser: %s (tool_choice auto %s); reasoning parser: %s",
+        parsers.tool_call_parser or "none",
+        "on" if parsers.auto_tool_choice else "off",
+        parsers.reasoning_parser or "none",
+    )
+
     metrics = ServerMetrics(engine, names[0])
-    serving = OpenAIServing(engine, list(names), metrics, max_waiting, max_num_seqs)
+    serving = OpenAIServing(engine, list(names), metrics, max_waiting, max_num_seqs, parsers)
 
     from qwick import __version__
 
@@ -201,6 +215,11 @@ def build_app(engine: Any, args: argparse.Namespace | Any = None) -> FastAPI:
     async def version(request: Request, received: float) -> Response:
         return JSONResponse({"version": __version__})
 
+    if getattr(args, "chat_ui", True):
+        from qwick.server import chat_ui
+
+        chat_ui.add_routes(app)  # the chat page at `/`, served without an API key
+
     # ---- OpenAI ----------------------------------------------------------------------------------------
 
     def model_card(name: str) -> p.ModelCard:
@@ -241,7 +260,11 @@ def build_app(engine: Any, args: argparse.Namespace | Any = None) -> FastAPI:
             if not req.messages:
                 raise bad_request("messages must not be empty.", param="messages")
             ids = await serving.chat_prompt_ids(
-                req.messages, req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs
+                req.messages,
+                req.add_generation_prompt,
+                req.continue_final_message,
+                req.chat_template_kwargs,
+                tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
             )
         else:
             ids = await serving._encode(req.prompt, req.add_special_tokens)

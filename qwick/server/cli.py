@@ -75,6 +75,37 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="on SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them",
     )
     g.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn's access log)")
+    g.add_argument(
+        "--tool-call-parser",
+        choices=("auto", "hermes", "none"),
+        default="auto",
+        help="how tool calls are read from the model's output: 'hermes' is the <tool_call>{...}</tool_call> "
+        "format of Qwen2.5 and Qwen3; 'auto' (default) picks it when the chat template uses <tool_call>, so "
+        "tools work on Qwen models without flags; 'none' turns tool_choice 'auto' off",
+    )
+    g.add_argument(
+        "--enable-auto-tool-choice",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="allow tool_choice 'auto' (the model decides whether to call a tool); on by default whenever "
+        "there is a tool call parser (vLLM needs this flag; qwick accepts it). tool_choice 'required' and "
+        "named functions always work: a grammar makes the output a call",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        choices=("auto", "qwen3", "none"),
+        default="auto",
+        help="split <think>...</think> from answers into 'reasoning_content': 'qwen3' for Qwen3 (and "
+        "other <think> models); 'auto' (default) picks it when the chat template mentions <think>. Pass "
+        'chat_template_kwargs {"enable_thinking": false} in a request to turn Qwen3\'s thinking off',
+    )
+    g.add_argument(
+        "--no-chat-ui",
+        dest="chat_ui",
+        action="store_false",
+        help="do not serve the chat page at / (by default it is served there, and built with npm on the "
+        "first start after a change to its sources)",
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -122,7 +153,17 @@ async def serve(args: argparse.Namespace, on_ready: Callable[[Any, Any, str], No
     from qwick.server.app import build_app
 
     config = engine_config_from_args(args)
-    engine = await AsyncLLM.create(config)
+    page_build = None
+    if getattr(args, "chat_ui", True):
+        from qwick.server import chat_ui
+
+        # Built (when missing or stale) while the engine loads; the server starts either way.
+        page_build = asyncio.ensure_future(asyncio.to_thread(chat_ui.ensure_built))
+    try:
+        engine = await AsyncLLM.create(config)
+    finally:
+        if page_build is not None:
+            await page_build
     try:
         app = build_app(engine, args)
         uv_config = uvicorn.Config(
@@ -147,7 +188,7 @@ async def serve(args: argparse.Namespace, on_ready: Callable[[Any, Any, str], No
             names = getattr(args, "served_model_name", None) or [engine.model_name]
             logger.info(
                 "qwick serve: %s (%s, %s on %s), max_model_len %d, KV cache %d tokens; "
-                "OpenAI API at %s/v1 (health %s/health, metrics %s/metrics)",
+                "OpenAI API at %s/v1 (health %s/health, metrics %s/metrics)%s",
                 names[0],
                 engine.model_name,
                 getattr(engine, "dtype", config.dtype),
@@ -157,6 +198,7 @@ async def serve(args: argparse.Namespace, on_ready: Callable[[Any, Any, str], No
                 url,
                 url,
                 url,
+                f"; chat page at {url}/" if getattr(args, "chat_ui", True) else "",
             )
             if on_ready is not None:
                 on_ready(engine, server, url)

@@ -6,7 +6,8 @@ coercion, no NaN/Infinity, and fields nobody knows are rejected with 400 ("Unrec
 supplied: <name>", OpenAI's own wording) so a typo such as `max_token` never passes silently. Fields that
 OpenAI defines and qwick does not implement are either accepted and ignored where they cannot change the
 output (`user`, `store`, `metadata`, `service_tier`, ...) or rejected with 400 when set to anything but
-their neutral value (`tools`, `response_format` other than text, `suffix`, ...): see `serving.py`.
+their neutral value (`functions`, `suffix`, ...): see `serving.py`. Tool definitions are validated here
+(OpenAI's shape, unknown keys rejected); what they mean for the request is decided in `serving.py`.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ class SamplingFields(RequestModel):
     include_stop_str_in_output: bool = False
     stop_token_ids: list[int] | None = None
     priority: int = 0
+    # vLLM's structured-output extras (at most one of them, and not with a JSON response_format).
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     _stop = field_validator("stop", mode="before")(_check_stop)
     _bias = field_validator("logit_bias")(_check_logit_bias)
@@ -107,7 +113,7 @@ class SamplingFields(RequestModel):
 
 # ---- chat completions -------------------------------------------------------------------------------
 
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class ContentPart(BaseModel):
@@ -116,34 +122,75 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCallParam(BaseModel):
+    """A call the assistant made, as clients send it back: `arguments` is JSON text (OpenAI's shape); an
+    object is accepted too."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallParam(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+
 class ChatMessage(BaseModel):
-    """A message of the conversation. Fields the SDK echoes back from a response (refusal, audio, ...) are
-    accepted; tool calls are not supported yet."""
+    """A message of the conversation. Fields the SDK echoes back from a response (refusal, audio,
+    reasoning_content, ...) are accepted and ignored."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    tool_call_id: str | None = None  # role "tool": the call this message answers
 
     @field_validator("role")
     @classmethod
     def _role(cls, role: str) -> str:
-        if role in ("tool", "function"):
-            raise ValueError(f"'{role}' messages are not supported (no tool calling yet)")
+        if role == "function":
+            raise ValueError("'function' messages are not supported (deprecated by OpenAI); use 'tool'")
         if role not in CHAT_ROLES:
             raise ValueError(
                 f"Invalid value: '{role}'. Supported values are: "
-                "'system', 'developer', 'user' and 'assistant'"
+                "'system', 'developer', 'user', 'assistant' and 'tool'"
             )
         return role
 
-    @field_validator("tool_calls")
-    @classmethod
-    def _tool_calls(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise ValueError("tool calls are not supported yet")
+
+class FunctionDefinition(RequestModel):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of the arguments object
+    strict: bool | None = None
+
+
+class ChatTool(RequestModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+def _check_tool_choice(value: Any) -> Any:
+    """`none`, `auto`, `required`, or `{"type": "function", "function": {"name": ...}}`."""
+    if value is None or value in ("none", "auto", "required"):
         return value
+    if (
+        isinstance(value, dict)
+        and value.get("type") == "function"
+        and isinstance(value.get("function"), dict)
+        and isinstance(value["function"].get("name"), str)
+        and set(value) == {"type", "function"}
+        and set(value["function"]) == {"name"}
+    ):
+        return value
+    raise ValueError(
+        "tool_choice must be 'none', 'auto', 'required' or "
+        '{"type": "function", "function": {"name": "<a tool\'s name>"}}'
+    )
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -151,10 +198,10 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     max_completion_tokens: int | None = Field(None, ge=1)
-    parallel_tool_calls: bool | None = None  # ignored: no tools
+    tools: list[ChatTool] | None = None
+    tool_choice: Any = None  # checked by _check_tool_choice
+    parallel_tool_calls: bool | None = None  # false: at most one tool call
     # Accepted only at their neutral value (checked in serving.py).
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     response_format: dict[str, Any] | None = None
     functions: list[Any] | None = None
     function_call: Any = None
@@ -166,6 +213,8 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+
+    _tool_choice = field_validator("tool_choice", mode="before")(_check_tool_choice)
 
 
 class TopLogprob(ResponseModel):
@@ -186,11 +235,30 @@ class ChoiceLogprobs(ResponseModel):
     refusal: list[TokenLogprob] | None = None
 
 
+class FunctionCall(ResponseModel):
+    name: str
+    arguments: str  # JSON text of an object
+
+
+class ToolCall(ResponseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ResponseMessage(ResponseModel):
     role: str = "assistant"
     content: str | None = None
     refusal: str | None = None
-    tool_calls: list[Any] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    reasoning_content: str | None = None  # vLLM's and DeepSeek's field: the model's thinking, if split off
+
+    @model_serializer(mode="wrap")
+    def _drop_no_reasoning(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("reasoning_content") is None:
+            out.pop("reasoning_content", None)
+        return out
 
 
 class ChatChoice(ResponseModel):
@@ -239,11 +307,36 @@ class ChatCompletionResponse(ResponseModel):
     qwick: Timing | None = None
 
 
+def _drop_none(self: BaseModel, handler: Any) -> dict[str, Any]:
+    return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaFunctionCall(ResponseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+    _serialize = model_serializer(mode="wrap")(_drop_none)
+
+
+class DeltaToolCall(ResponseModel):
+    """A streamed tool call: the first delta of a call has index, id, type and name (arguments ""), the
+    next ones only index and argument text."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+    _serialize = model_serializer(mode="wrap")(_drop_none)
+
+
 class DeltaMessage(ResponseModel):
     """A streamed chunk's delta: only the fields it carries (OpenAI's finish chunk has `"delta": {}`)."""
 
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict[str, Any]:
@@ -300,6 +393,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
     add_special_tokens: bool = True
+    response_format: dict[str, Any] | None = None  # as in chat (vLLM accepts it on completions too)
 
     _prompt = field_validator("prompt", mode="before")(_check_prompt)
 
@@ -358,6 +452,7 @@ class TokenizeRequest(RequestModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None  # rendered into the prompt as /v1/chat/completions would
     return_token_strs: bool = False
 
 

@@ -24,8 +24,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qwick.engine.async_llm import EngineDeadError
 from qwick.outputs import CompletionOutput, Logprob, RequestOutput
-from qwick.sampling_params import RequestOutputKind, SamplingParams
+from qwick.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from qwick.server import protocol as p
+from qwick.server.chat_parsing import ChatParsers, ChoiceParser, ToolPlan, delta_tool_calls, plan_tools
 from qwick.server.errors import (
     APIError,
     bad_request,
@@ -35,6 +36,9 @@ from qwick.server.errors import (
     overloaded,
 )
 from qwick.server.metrics import ServerMetrics
+from qwick.server.reasoning import prompt_think_state
+from qwick.server.tool_grammar import tool_call_grammar
+from qwick.structured_output.grammar import validate_structured_outputs
 
 logger = logging.getLogger("qwick.server")
 
@@ -49,6 +53,38 @@ _SAMPLING_FIELDS = {
     "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "top_k",
     "min_p", "seed", "stop", "stop_token_ids", "max_tokens", "min_tokens", "logprobs", "logit_bias",
 }  # fmt: skip
+
+
+_GUIDED_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                  ("guided_grammar", "grammar"))  # fmt: skip
+
+
+def _response_format_constraint(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """OpenAI's `response_format` as StructuredOutputsParams fields; None for plain text."""
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise bad_request(
+                "response_format of type 'json_schema' needs a 'json_schema' object: "
+                "{'name': ..., 'schema': {...}, 'strict': true}.",
+                param="response_format",
+            )
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise bad_request(
+                "response_format.json_schema.schema must be a JSON Schema object.", param="response_format"
+            )
+        return {"json": schema}  # enforced whatever `strict` says: the grammar always holds
+    raise bad_request(
+        f"Invalid value for response_format.type: {json.dumps(kind)[:60]}. "
+        "Supported values are 'text', 'json_object' and 'json_schema'.",
+        param="response_format",
+    )
 
 
 class ClientDisconnected(Exception):
@@ -235,8 +271,10 @@ class OpenAIServing:
         metrics: ServerMetrics,
         max_waiting_requests: int,
         max_num_seqs: int,
+        chat_parsers: ChatParsers | None = None,
     ) -> None:
         self.engine = engine
+        self.chat_parsers = chat_parsers or ChatParsers()  # tool-call and reasoning parsing
         self.served_model_names = served_model_names
         self.model_name = served_model_names[0]
         self.metrics = metrics
@@ -348,7 +386,45 @@ class OpenAIServing:
             spaces_between_special_tokens=req.spaces_between_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=bias,
+            structured_outputs=self.structured_outputs(req),
         )
+
+    def structured_outputs(self, req: p.SamplingFields) -> StructuredOutputsParams | None:
+        """The request's constraint from `response_format` (json_object / json_schema) or vLLM's `guided_*`
+        fields: at most one of them. Validated here (cached per spec), so a bad schema, regex or grammar
+        answers 400 naming the field and saying what is wrong before the engine sees it."""
+        given: list[tuple[str, dict[str, Any]]] = []
+        response_format = getattr(req, "response_format", None)
+        if response_format is not None:
+            kwargs = _response_format_constraint(response_format)
+            if kwargs is not None:
+                given.append(("response_format", kwargs))
+        for name, key in _GUIDED_FIELDS:
+            value = getattr(req, name, None)
+            if value is not None:
+                given.append((name, {key: value}))
+        if not given:
+            return None
+        if len(given) > 1:
+            names = " and ".join(name for name, _ in given)
+            raise bad_request(
+                f"Only one structured-output constraint per request: got {names}.", param=given[1][0]
+            )
+        param, kwargs = given[0]
+        try:
+            params = StructuredOutputsParams(**kwargs)
+        except ValueError as exc:
+            raise bad_request(f"Invalid {param}: {exc}", param=param) from None
+        self.check_structured_outputs(params, param)
+        return params
+
+    @staticmethod
+    def check_structured_outputs(params: StructuredOutputsParams, param: str) -> None:
+        """400 naming `param` when the constraint does not parse (e.g. a tool's schema for tool_choice)."""
+        try:
+            validate_structured_outputs(params)
+        except ValueError as exc:
+            raise bad_request(f"Invalid {param}: {exc}.", param=param) from None
 
     @staticmethod
     def _make_params(prefix: str = "", **kwargs: Any) -> SamplingParams:
@@ -473,17 +549,8 @@ class OpenAIServing:
     # ---- chat completions ----------------------------------------------------------------------------
 
     def _check_chat_unsupported(self, req: p.ChatCompletionRequest) -> None:
-        if req.tools:
-            raise bad_request("Tool calling is not supported yet.", param="tools")
-        if req.tool_choice not in (None, "none", "auto"):
-            raise bad_request("Tool calling is not supported yet.", param="tool_choice")
         if req.functions or req.function_call not in (None, "none", "auto"):
             raise bad_request("Function calling is not supported.", param="functions")
-        if req.response_format is not None and req.response_format.get("type") != "text":
-            raise bad_request(
-                "Only response_format {'type': 'text'} is supported (structured output is not yet).",
-                param="response_format",
-            )
         if req.modalities not in (None, ["text"]):
             raise bad_request("Only the 'text' modality is supported.", param="modalities")
         for name in ("audio", "prediction", "reasoning_effort"):
@@ -497,8 +564,8 @@ class OpenAIServing:
                 param="continue_final_message",
             )
 
-    def conversation(self, messages: list[p.ChatMessage]) -> list[dict[str, str]]:
-        conv = []
+    def conversation(self, messages: list[p.ChatMessage]) -> list[dict[str, Any]]:
+        conv: list[dict[str, Any]] = []
         for i, msg in enumerate(messages):
             content = msg.content
             if isinstance(content, list):
@@ -517,9 +584,24 @@ class OpenAIServing:
                         f"Messages with role '{msg.role}' must have content.", param=f"messages[{i}].content"
                     )
                 content = ""
-            entry = {"role": "system" if msg.role == "developer" else msg.role, "content": content}
+            role = "system" if msg.role == "developer" else msg.role
+            entry: dict[str, Any] = {"role": role, "content": content}
             if msg.name:
                 entry["name"] = msg.name
+            if msg.tool_calls:
+                if msg.role != "assistant":
+                    raise bad_request(
+                        "Only assistant messages can have tool_calls.", param=f"messages[{i}].tool_calls"
+                    )
+                entry["tool_calls"] = [_template_tool_call(call, f"messages[{i}].tool_calls[{j}]")
+                                       for j, call in enumerate(msg.tool_calls)]  # fmt: skip
+            if msg.role == "tool":
+                if not msg.tool_call_id:
+                    raise bad_request(
+                        "Messages with role 'tool' must have a 'tool_call_id' (the call they answer).",
+                        param=f"messages[{i}].tool_call_id",
+                    )
+                entry["tool_call_id"] = msg.tool_call_id
             conv.append(entry)
         return conv
 
@@ -529,6 +611,7 @@ class OpenAIServing:
         add_generation_prompt: bool,
         continue_final_message: bool,
         template_kwargs: dict[str, Any] | None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         conv = self.conversation(messages)
         kwargs = dict(template_kwargs or {})
@@ -537,6 +620,8 @@ class OpenAIServing:
             raise bad_request(
                 f"chat_template_kwargs cannot set {', '.join(reserved)}.", param="chat_template_kwargs"
             )
+        if tools:
+            kwargs["tools"] = tools  # OpenAI's tool dicts, which Qwen's templates print as they are
         tokenizer = self.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise bad_request(
@@ -567,13 +652,30 @@ class OpenAIServing:
     async def chat(self, req: p.ChatCompletionRequest, raw: Request, received: float) -> Response:
         model = self.check_model(req.model)
         self._check_chat_unsupported(req)
+        plan = plan_tools(req, self.chat_parsers)
         prompt_ids = await self.chat_prompt_ids(
-            req.messages, req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs
+            req.messages,
+            req.add_generation_prompt,
+            req.continue_final_message,
+            req.chat_template_kwargs,
+            tools=plan.template_tools,
         )
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         self.check_context(len(prompt_ids), max_tokens, "messages")
         top_k = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, top_k)
+        reasoning = self.chat_parsers.reasoning_parser is not None
+        # Qwen3 thinking templates open the think block in the prompt (the output then starts inside it);
+        # enable_thinking=false closes an empty one there (the output has none).
+        think = prompt_think_state(self.tokenizer.decode(prompt_ids[-16:])) if reasoning else None
+        in_reasoning = think == "open"
+        if plan.constrain is not None:
+            mode = "enabled" if think == "open" else "auto" if reasoning and think is None else "disabled"
+            params.structured_outputs = self._tool_call_constraint(req, plan, mode, params.structured_outputs)
+
+        def new_parser() -> ChoiceParser:
+            return ChoiceParser(reasoning, in_reasoning, plan.parse, plan.max_calls, plan.bare_call_names)
+
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         ticket = self.admit(req.n)
@@ -589,18 +691,22 @@ class OpenAIServing:
                 for c in out.outputs:
                     accs[c.index].add(c)
             final = run.final
-            choices = [
-                p.ChatChoice(
-                    index=i,
-                    message=p.ResponseMessage(content=acc.full_text),
-                    logprobs=self._chat_logprobs(acc.token_ids, acc.logprobs, top_k)
-                    if top_k is not None
-                    else None,
-                    finish_reason=acc.finish_reason,
-                    stop_reason=acc.stop_reason,
+            choices = []
+            for i, acc in enumerate(accs):
+                parser = new_parser()
+                parser.feed(acc.full_text)
+                parser.finish()
+                choices.append(
+                    p.ChatChoice(
+                        index=i,
+                        message=parser.message(),
+                        logprobs=self._chat_logprobs(acc.token_ids, acc.logprobs, top_k)
+                        if top_k is not None
+                        else None,
+                        finish_reason=parser.finish_reason(acc.finish_reason),
+                        stop_reason=acc.stop_reason,
+                    )
                 )
-                for i, acc in enumerate(accs)
-            ]
             resp = p.ChatCompletionResponse(
                 id=request_id,
                 created=created,
@@ -628,6 +734,7 @@ class OpenAIServing:
                 )
                 for i in range(req.n)
             ]
+            parsers = [new_parser() for _ in range(req.n)]
             item = first
             while item is not None:
                 _, out = item
@@ -636,14 +743,24 @@ class OpenAIServing:
                     lp = None
                     if top_k is not None and c.logprobs:
                         lp = self._chat_logprobs(c.token_ids, c.logprobs, top_k)
-                    if c.text or lp is not None:
-                        delta = p.DeltaMessage(content=c.text)
+                    parser = parsers[c.index]
+                    parsed = parser.feed(c.text)
+                    if c.finish_reason is not None:
+                        parsed.add(parser.finish())
+                    if parsed.content or parsed.reasoning or lp is not None:
+                        delta = p.DeltaMessage(
+                            content=parsed.content if parsed.content or not parsed.reasoning else None,
+                            reasoning_content=parsed.reasoning or None,
+                        )
                         chunks.append(chunk([p.ChatChunkChoice(index=c.index, delta=delta, logprobs=lp)]))
+                    for call in delta_tool_calls(parsed.tool_calls):
+                        delta = p.DeltaMessage(tool_calls=[call])
+                        chunks.append(chunk([p.ChatChunkChoice(index=c.index, delta=delta)]))
                     if c.finish_reason is not None:
                         choice = p.ChatChunkChoice(
                             index=c.index,
                             delta=p.DeltaMessage(),
-                            finish_reason=c.finish_reason,
+                            finish_reason=parser.finish_reason(c.finish_reason),
                             stop_reason=c.stop_reason,
                         )
                         chunks.append(chunk([choice]))
@@ -668,6 +785,37 @@ class OpenAIServing:
                 yield SSE_DONE
 
         return await self.respond(raw, [run], ticket, req.stream, collect, stream_body, request_id=request_id)
+
+    def _tool_call_constraint(
+        self,
+        req: p.ChatCompletionRequest,
+        plan: ToolPlan,
+        reasoning_mode: str,
+        existing: StructuredOutputsParams | None,
+    ) -> StructuredOutputsParams:
+        """`tool_choice` "required" or a named function: the grammar of Qwen's tool-call blocks (after the
+        think block, when the model reasons: `reasoning_mode` as in `tool_call_grammar`), so the answer is
+        always a call that parses."""
+        if existing is not None:
+            raise bad_request(
+                f"tool_choice {json.dumps(plan.constrain)} cannot be combined with response_format or "
+                "guided_*: both constrain the output.",
+                param="tool_choice",
+            )
+        try:
+            parallel = req.parallel_tool_calls is not False
+            grammar = tool_call_grammar(plan.grammar_tools(), plan.constrain, parallel, reasoning_mode)
+        except ImportError:
+            raise bad_request(
+                f"tool_choice {json.dumps(plan.constrain)} needs the xgrammar package on the server "
+                "(pip install xgrammar); 'auto' works without it.",
+                param="tool_choice",
+            ) from None
+        except ValueError as exc:
+            raise bad_request(f"The tools cannot be turned into a grammar: {exc}", param="tools") from None
+        constraint = StructuredOutputsParams(grammar=grammar)
+        self.check_structured_outputs(constraint, "tools")
+        return constraint
 
     def token_bytes(self, token_id: int, decoded: str | None) -> list[int]:
         cached = self._token_bytes.get(token_id)
@@ -1023,3 +1171,21 @@ def _combine_timings(timings: list[p.Timing | None]) -> p.Timing | None:
             "cached_tokens": sum(t.cached_tokens for t in done),
         }
     )
+
+
+def _template_tool_call(call: p.ToolCallParam, param: str) -> dict[str, Any]:
+    """An assistant's earlier call as chat templates take it: Qwen's prints `arguments | tojson`, so the
+    JSON text OpenAI clients send is parsed back into an object (as vLLM does)."""
+    args: Any = call.function.arguments
+    where = param + ".function.arguments"
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            args = None
+    if not isinstance(args, dict):
+        raise bad_request("The arguments of a tool call must be (JSON text of) an object.", param=where)
+    entry: dict[str, Any] = {"type": "function", "function": {"name": call.function.name, "arguments": args}}
+    if call.id is not None:
+        entry["id"] = call.id
+    return entry

@@ -236,13 +236,14 @@ def test_unseeded_frequencies_follow_softmax(temperature):
     assert (freq - expected).abs().max().item() < 0.018, (freq, expected)
 
 
-def test_seeded_rows_frequencies_follow_softmax():
+@pytest.mark.parametrize("device", DEVICES)
+def test_seeded_rows_frequencies_follow_softmax(device):
     logits = torch.tensor([1.5, 1.0, 0.0, -0.5])
     N = 4000
     reqs = [make_req(temperature=0.8, seed=s) for s in range(N)]
-    out, meta = sample(reqs, logits.expand(N, 4).contiguous())
+    out, meta = sample(reqs, logits.expand(N, 4).contiguous(), device)
     assert len(meta.seeded_rows) == N
-    freq = torch.bincount(out.sampled_token_ids, minlength=4).double() / N
+    freq = torch.bincount(out.sampled_token_ids.cpu(), minlength=4).double() / N
     expected = torch.softmax(logits.double() / 0.8, -1)
     assert (freq - expected).abs().max().item() < 0.04, (freq, expected)
 

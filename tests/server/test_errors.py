@@ -53,6 +53,13 @@ class Case:
     method: str = "POST"
 
 
+TOOL_F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def named(name: str) -> dict:
+    return {"type": "function", "function": {"name": name}}
+
+
 def image_part() -> list[dict]:
     return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]
 
@@ -76,8 +83,13 @@ CASES = [
     Case("empty messages", CHAT, chat(messages=[]), 400, "messages"),
     Case("unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role",
          "wizard"),
-    Case("tool role", CHAT, chat(messages=[{"role": "tool", "content": "x"}]), 400, "messages[0].role",
-         "not supported"),
+    Case("tool message without tool_call_id", CHAT, chat(messages=[{"role": "tool", "content": "x"}]), 400,
+         "messages[0].tool_call_id", "tool_call_id"),
+    Case("function role", CHAT, chat(messages=[{"role": "function", "content": "x", "name": "f"}]), 400,
+         "messages[0].role", "use 'tool'"),
+    Case("tool call arguments not JSON", CHAT, chat(messages=[*USER, {"role": "assistant", "tool_calls": [
+         {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]), 400,
+         "messages[1].tool_calls[0].function.arguments", "JSON"),
     Case("missing role", CHAT, chat(messages=[{"content": "x"}]), 400, "messages[0].role"),
     Case("content wrong type", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, ANY),
     Case("user without content", CHAT, chat(messages=[{"role": "user"}]), 400, "messages[0].content"),
@@ -121,8 +133,27 @@ CASES = [
          "Unrecognized request argument supplied: max_token"),
     Case("unknown nested field", CHAT, chat(stream_options={"include_usage": True, "x": 1}), 400,
          "stream_options.x", "Unrecognized"),
-    Case("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools",
-         "not supported"),
+    # tools (this model's template has no <tool_call> format, so no parser: "auto" is refused)
+    Case("tools with auto choice, no parser", CHAT, chat(tools=[TOOL_F]), 400, "tool_choice",
+         "--tool-call-parser"),
+    Case("tool_choice required without tools", CHAT, chat(tool_choice="required"), 400, "tool_choice",
+         "tools"),
+    Case("tool_choice names a missing function", CHAT, chat(tools=[TOOL_F], tool_choice=named("g")), 400,
+         "tool_choice", "'g'"),
+    Case("tool_choice bad value", CHAT, chat(tools=[TOOL_F], tool_choice="sometimes"), 400, "tool_choice"),
+    Case("tool without function", CHAT, chat(tools=[{"type": "function"}]), 400, "tools[0].function",
+         "Missing"),
+    Case("tool of another type", CHAT, chat(tools=[{"type": "retrieval", "function": {"name": "f"}}]), 400,
+         "tools[0].type"),
+    Case("tool unknown key", CHAT, chat(tools=[{"type": "function", "function": {"name": "f", "x": 1}}]), 400,
+         "tools[0].function.x", "Unrecognized"),
+    Case("duplicate tool names", CHAT, chat(tools=[TOOL_F, TOOL_F], tool_choice="required"), 400, "tools",
+         "unique"),
+    Case("tool schema not a grammar", CHAT, chat(tools=[{"type": "function", "function": {
+         "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}],
+         tool_choice="required"), 400, "tools"),
+    Case("required tool_choice with response_format", CHAT, chat(tools=[TOOL_F], tool_choice="required",
+         response_format={"type": "json_object"}), 400, "tool_choice", "response_format"),
     Case("json_schema", CHAT, chat(response_format={"type": "json_schema"}), 400, "response_format"),
     Case("suffix", COMPLETIONS, completion(suffix="x"), 400, "suffix"),
     Case("best_of > n", COMPLETIONS, completion(best_of=3), 400, "best_of"),
