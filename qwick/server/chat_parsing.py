@@ -205,8 +205,10 @@ class ChoiceParser:
         )
 
     def finish_reason(self, reason: str | None) -> str | None:
-        """OpenAI's "tool_calls" when the model stopped after calling tools; "length" etc. stay."""
-        return "tool_calls" if reason == "stop" and self.tool_calls else reason
+        """OpenAI's "tool_calls" when the model stopped after calling tools; "length" etc. stay, and so does
+        "stop" when a streamed call broke off (its arguments closed early: see `tool_parser`)."""
+        calls = self.tool_calls
+        return "tool_calls" if reason == "stop" and calls and all(c.complete for c in calls) else reason
 
 
 def delta_tool_calls(deltas: list[ToolCallDelta]) -> list[p.DeltaToolCall]:

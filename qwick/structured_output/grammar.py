@@ -6,9 +6,19 @@ machine, which has no xgrammar) runs without it.
 JSON is generated compact (`", "` and `": "` separators, no free whitespace): with free whitespace small
 models tend to emit newlines until max_tokens instead of closing the object (vLLM's known failure mode).
 
-One xgrammar 0.2 bug is worked around here: a string with `minLength`/`maxLength` (and no `pattern`) is
-compiled to a character class that admits raw control characters, i.e. invalid JSON (mlc-ai/xgrammar#800).
-Such strings are rewritten to the equivalent `pattern` `^.{min,max}$`, whose JSON-aware path is correct.
+Two xgrammar 0.2 bugs are worked around here, both in length-bounded strings:
+
+- a string with `minLength`/`maxLength` (and no `pattern`) is compiled to a character class that admits raw
+  control characters, i.e. invalid JSON (mlc-ai/xgrammar#800), and UTF-8-encoded surrogates;
+- in a `pattern` (the JSON-aware regex path), a character class whose code points need UTF-8 sequences of
+  different lengths (`.`, `[^x]`) is matched byte by byte too loosely: it admits overlong sequences
+  (E0 80..9F xx, F0 80..8F xx xx) and surrogates (ED A0..BF xx), each counted as one character. A sampled
+  string then is not valid UTF-8 and decodes with U+FFFD replacements, up to three per counted character,
+  past `maxLength`. A class of code points that all have one encoded length is matched exactly.
+
+So such strings are rewritten to `pattern` `^C{min,max}$`, where C is one code point other than a surrogate,
+as an alternation of classes of one encoded length each (`_CHAR`), without `"`, `\\` and control
+characters, which `.` leaves out in this path too (an explicit class would let them through unescaped).
 """
 
 from __future__ import annotations
@@ -73,6 +83,14 @@ def grammar_spec(params: StructuredOutputsParams) -> GrammarSpec:
     return GrammarSpec("ebnf", params.grammar)
 
 
+# One code point, one class per UTF-8 length (1 to 4 bytes; see above): no surrogates, and in ASCII (as `.`
+# in this path) no control characters, `"` or `\`, which the JSON-aware path would emit raw, unescaped, from
+# an explicit class. xgrammar's regex has no escape past U+FFFF: the last class holds its ends literally.
+_CHAR = (
+    r"(?:[\u0020\u0021\u0023-\u005b\u005d-\u007f]|[\u0080-\u07ff]|[\u0800-\ud7ff]|[\ue000-\uffff]|"
+    "[\U00010000-\U0010ffff])"
+)
+
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # their values are data, not schemas
 
 
@@ -107,7 +125,7 @@ def _rewrite_bounded_strings(node: Any) -> Any:
     out = {k: (v if k in _DATA_KEYWORDS else _rewrite_bounded_strings(v)) for k, v in node.items()}
     if _is_bounded_string(node):
         low, high = int(out.pop("minLength", 0)), out.pop("maxLength", None)
-        out["pattern"] = f"^.{{{low},{'' if high is None else int(high)}}}$"
+        out["pattern"] = f"^{_CHAR}{{{low},{'' if high is None else int(high)}}}$"
     return out
 
 

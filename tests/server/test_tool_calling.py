@@ -4,7 +4,7 @@ template speaks Qwen3's formats (tools, `<tool_call>`, `<think>`, `enable_thinki
 - The template picks the parsers (hermes + qwen3) without flags, and `chat_template_kwargs` / `tools`
   reach it (checked on the rendered prompt).
 - `tool_choice` "required" / a named function: the grammar makes even random weights produce a call that
-  parses and fits the schema, streamed or not.
+  parses and fits the schema, streamed or not; streamed, its arguments come in several deltas.
 - What the server makes of given model text (calls split over deltas, reasoning, malformed blocks): the
   engine's `generate` is replaced by a script of text deltas, so the output is exactly the one under test.
 """
@@ -114,8 +114,9 @@ def client(server):
     return server.client()
 
 
-def accumulate(stream) -> dict:
-    """A streamed chat completion put together the way OpenAI clients do (one choice)."""
+def accumulate(stream, fragments: dict[int, list[str]] | None = None) -> dict:
+    """A streamed chat completion put together the way OpenAI clients do (one choice). `fragments`, when
+    given, gets each call's non-empty `function.arguments` deltas."""
     content, reasoning, calls, finish = "", "", {}, None
     for chunk in stream:
         if not chunk.choices:
@@ -131,6 +132,8 @@ def accumulate(stream) -> dict:
             else:
                 assert tc.id is None and tc.function.name is None, tc
             calls[tc.index]["arguments"] += tc.function.arguments or ""
+            if fragments is not None and tc.function.arguments:
+                fragments.setdefault(tc.index, []).append(tc.function.arguments)
         finish = choice.finish_reason or finish
     assert sorted(calls) == list(range(len(calls)))
     return {
@@ -159,11 +162,14 @@ def without_ids(result: dict) -> dict:
     return {**result, "calls": [{k: v for k, v in c.items() if k != "id"} for c in result["calls"]]}
 
 
-def both(client, **kw) -> dict:
-    """Non-streamed and streamed answers to the same request; they must be the same (up to call ids)."""
+def both(client, fragments: dict[int, list[str]] | None = None, **kw) -> dict:
+    """Non-streamed and streamed answers to the same request; they must be the same (up to call ids), and
+    every call's arguments parse."""
     full = summary(client.chat.completions.create(model=MODEL, **kw))
-    streamed = accumulate(client.chat.completions.create(model=MODEL, stream=True, **kw))
+    streamed = accumulate(client.chat.completions.create(model=MODEL, stream=True, **kw), fragments)
     assert without_ids(streamed) == without_ids(full)
+    for call in full["calls"]:
+        assert isinstance(json.loads(call["arguments"]), dict)
     return full
 
 
@@ -250,6 +256,27 @@ def test_named_tool_choice_calls_that_function(client):
     check_args(result["calls"][0])
 
 
+def test_constrained_call_arguments_stream_in_several_deltas(client):
+    fragments: dict[int, list[str]] = {}
+    result = both(
+        client,
+        fragments,
+        messages=USER,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "set_mode"}},
+        parallel_tool_calls=False,
+        temperature=0.0,
+        max_tokens=300,
+        extra_body=NO_THINKING,
+    )
+    assert result["finish"] == "tool_calls"
+    (call,) = result["calls"]
+    assert call["name"] == "set_mode" and check_args(call)
+    # {"mode": ...} once its value is complete, then ', "level": ...', then "}" (or with it)
+    assert len(fragments[0]) >= 2, fragments
+    assert "".join(fragments[0]) == call["arguments"]
+
+
 def test_tool_choice_none_leaves_tools_out_and_parses_nothing(server, client):
     full = client.chat.completions.create(
         model=MODEL, messages=USER, tools=TOOLS, tool_choice="none", temperature=0.0, max_tokens=8
@@ -328,6 +355,32 @@ def test_malformed_tool_call_text_stays_content(client, script, text):
     script(pieces(text, 5))
     result = both(client, messages=USER, tools=TOOLS)
     assert result == {"content": text, "reasoning": None, "calls": [], "finish": "stop"}
+
+
+LONG_CALL = (
+    '<tool_call>\n{"name": "set_mode", "arguments": {"mode": "eco", "level": 2, "note": "quiet at night", '
+    '"tags": ["a", "b"]}}\n</tool_call>'
+)
+
+
+def test_auto_call_arguments_stream_argument_by_argument(client, script):
+    script(pieces(LONG_CALL, 3))
+    fragments: dict[int, list[str]] = {}
+    result = both(client, fragments, messages=USER, tools=TOOLS)
+    assert result["finish"] == "tool_calls" and result["content"] is None
+    args = '{"mode": "eco", "level": 2, "note": "quiet at night", "tags": ["a", "b"]}'
+    assert [(c["name"], c["arguments"]) for c in result["calls"]] == [("set_mode", args)]
+    # one argument at a time (the last one may come with the closing brace, as the text arrived)
+    assert fragments[0][:3] == ['{"mode": "eco"', ', "level": 2', ', "note": "quiet at night"']
+    assert "".join(fragments[0][3:]) == ', "tags": ["a", "b"]}'
+
+
+def test_call_broken_off_by_max_tokens_keeps_its_complete_arguments(client, script):
+    script(pieces(LONG_CALL[: LONG_CALL.index("quiet") + 5], 4), finish_reason="length")
+    result = both(client, messages=USER, tools=TOOLS)
+    (call,) = result["calls"]
+    assert (call["name"], call["arguments"]) == ("set_mode", '{"mode": "eco", "level": 2}')
+    assert result["content"] == ', "note": "quiet' and result["finish"] == "length"
 
 
 def test_truncated_call_keeps_finish_reason_length(client, script):
