@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from qwick.quantization import quantization_names
+
 
 @dataclass
 class CacheConfig:
@@ -46,7 +48,7 @@ class EngineConfig:
     cpu_kv_cache_gib: float = 4.0  # KV pool size when running on the CPU
     enforce_eager: bool = False
     seed: int = 0
-    quantization: str | None = None
+    quantization: str | None = None  # "fp8", "int8", ... (qwick.quantization); a checkpoint's is detected
     kv_cache_dtype: str = "auto"
     tensor_parallel_size: int = 1
     load_format: str = "auto"  # "auto", "safetensors", "gguf", "dummy"
@@ -80,8 +82,11 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}."
             )
-        if self.quantization not in (None, "none"):
-            raise ValueError(f"quantization {self.quantization!r} is not supported yet.")
+        if self.quantization == "none":
+            self.quantization = None
+        if self.quantization is not None and self.quantization not in quantization_names():
+            supported = ", ".join(quantization_names())
+            raise ValueError(f"unknown quantization {self.quantization!r}; qwick supports: {supported}.")
         if self.kv_cache_dtype != "auto":
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported yet.")
         if self.tensor_parallel_size != 1:

@@ -1,4 +1,4 @@
-"""`qwick bench latency | throughput | load`: print a table, optionally write JSON."""
+"""`qwick bench latency | throughput | load | serve | quality`: print a table, optionally write JSON."""
 
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ def _add_structured(result: dict, runs: list[dict], key: str, higher_is_better: 
     result["qwick_structured_runs"] = runs
     plain, constrained = result["qwick"][key], result["qwick_structured"][key]
     result["structured_relative_speed"] = constrained / plain if higher_is_better else plain / constrained
+    result["structured_speed_key"] = key
 
 
 def cmd_latency(args: argparse.Namespace) -> dict:
@@ -193,6 +194,23 @@ def cmd_serve(args: argparse.Namespace) -> dict:
         raise OSError(f"could not benchmark the server at {args.url}: {type(exc).__name__}: {exc}") from exc
 
 
+def cmd_quality(args: argparse.Namespace) -> dict:
+    from qwick.bench.quality import run, table
+
+    names = args.modes or (["none", args.quantization] if args.quantization else ["none", "fp8", "int8"])
+    modes = [None if m == "none" else m for m in names]
+    if modes[0] is not None:
+        raise ValueError("--modes must start with 'none': the unquantized model is the reference")
+
+    def make_llm(mode):
+        args.quantization = mode
+        return _build_llm(args)
+
+    report = run(make_llm, modes, args.window, args.prompt_len, args.max_tokens, args.num_prompts)
+    print(table(report))
+    return report
+
+
 def add_bench_parser(sub, add_engine_args) -> None:
     bench = sub.add_parser("bench", help="measure speed (see BENCHMARKS.md for the method)")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
@@ -266,6 +284,27 @@ def add_bench_parser(sub, add_engine_args) -> None:
     srv.add_argument("--output-json", default=None)
     srv.set_defaults(func=lambda a: _run(a, cmd_serve))
 
+    qual = kinds.add_parser(
+        "quality",
+        help="perplexity on CPython stdlib files and greedy agreement of quantization modes against the "
+        "unquantized model, with weight memory",
+    )
+    add_engine_args(qual)
+    qual.add_argument(
+        "--modes",
+        nargs="+",
+        default=None,
+        metavar="MODE",
+        help="quantization modes, 'none' (the reference) first; default: none and --quantization, or "
+        "none fp8 int8",
+    )
+    qual.add_argument("--window", type=int, default=1024, help="tokens scored per stdlib file")
+    qual.add_argument("--prompt-len", type=int, default=128, help="tokens of each greedy prompt")
+    qual.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
+    qual.add_argument("--num-prompts", type=int, default=8, help="greedy prompts (one per file)")
+    qual.add_argument("--output-json", default=None, help="write the results here")
+    qual.set_defaults(func=lambda a: _run(a, cmd_quality))
+
     load = kinds.add_parser("load", help="cold and warm start-up time, in fresh processes")
     common(load)
     load.set_defaults(func=lambda a: _run(a, cmd_load))
@@ -286,9 +325,10 @@ def _run(args: argparse.Namespace, fn) -> int:
     if ours.get(key) and ref.get(key):
         print(f"qwick {ours[key]:.1f} tok/s, transformers {ref[key]:.1f} tok/s: {ours[key] / ref[key]:.2f}x")
     constrained = result.get("qwick_structured", {})
-    if ours.get(key) and constrained.get(key):
+    skey = result.get("structured_speed_key", key)
+    if ours.get(skey) and constrained.get(skey):
         print(
-            f"qwick {ours[key]:.1f} tok/s, with a JSON schema {constrained[key]:.1f} tok/s: "
+            f"{skey}: qwick {ours[skey]:.1f}, with a JSON schema {constrained[skey]:.1f}: "
             f"{result['structured_relative_speed']:.2f}x"
         )
     if args.output_json:

@@ -9,6 +9,7 @@ import sys
 import time
 
 from qwick.config import EngineConfig
+from qwick.quantization import quantization_names
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +72,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=["auto", "safetensors", "gguf", "dummy"],
         help="dummy: random weights at the model's shapes (for benchmarks)",
+    )
+    g.add_argument(
+        "--quantization",
+        default=None,
+        choices=quantization_names(),
+        help="quantize the linear layers' weights while loading an unquantized checkpoint (fp8, int8: "
+        "8-bit weights and activations); a quantized checkpoint's format is detected without it",
     )
     g.add_argument("--device", default="auto", help="auto, cuda or cpu")
     g.add_argument(

@@ -1,9 +1,9 @@
 """Linear layers whose weights may be packed from several checkpoint tensors.
 
 QKV and gate/up projections are one matmul each: the checkpoint's separate q/k/v (or gate/up) tensors
-are copied into row ranges of one weight at load time (`output_sizes` names the ranges). Quantized weights
-and tensor-parallel shards will plug in here as methods on how the weight is stored and applied, so model
-files never know about them.
+are copied into row ranges of one weight at load time (`output_sizes` names the ranges), and so are their
+quantization scales. How a weight is stored and applied is the layer's `LinearMethod`: unquantized here,
+quantized ones in qwick/quantization; model files never know which.
 """
 
 from __future__ import annotations
@@ -28,9 +28,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class LinearMethod:
-    """How a linear layer stores and applies its weight. Quantized formats subclass this."""
+    """How a linear layer stores and applies its weight. Quantized formats subclass this.
+
+    This base class is the unquantized method: one `weight` [out, in] in the model's dtype.
+    """
 
     repacks_weight = False  # True when `process_weights_after_loading` changes the weight's layout
+    # Quantized methods are chosen per layer when the model is built and kept; unquantized layers get the
+    # device's kernel choice (`select_linear_method`) once the weights are in.
+    quantized = False
+
+    def create_weights(self, layer: Linear) -> None:
+        """Register the parameters the checkpoint fills (the bias is the layer's own)."""
+        layer.weight = nn.Parameter(torch.empty(layer.output_size, layer.input_size), requires_grad=False)
+
+    def load_extra(self, layer: Linear, param_name: str, tensor: torch.Tensor, shard: int) -> bool:
+        """Take a checkpoint tensor the layer has no parameter for (e.g. a scale this method does not use);
+        True when it was taken, False makes the load fail."""
+        return False
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         """Turn the loaded checkpoint weight into the form `apply` wants (repack, quantize, ...)."""
@@ -97,33 +112,76 @@ def select_linear_method(device: torch.device, dtype: torch.dtype) -> LinearMeth
 
 
 class Linear(nn.Module):
-    def __init__(self, input_size: int, output_sizes: int | list[int], bias: bool = False) -> None:
+    """`y = x @ W.T + b`, with W stored and applied by `method` (unquantized unless a quantization config
+    hands the layer a quantized method when the model is built)."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: int | list[int],
+        bias: bool = False,
+        method: LinearMethod | None = None,
+    ) -> None:
         super().__init__()
         self.output_sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
         self.input_size = input_size
         self.output_size = sum(self.output_sizes)
-        self.weight = nn.Parameter(torch.empty(self.output_size, input_size), requires_grad=False)
+        self.method = method if method is not None else LinearMethod()
+        self.method.create_weights(self)
         self.bias = nn.Parameter(torch.zeros(self.output_size), requires_grad=False) if bias else None
-
-        self.method = LinearMethod()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)
 
     def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        """Copy a checkpoint tensor into its shard's rows of `weight` or `bias`."""
-        param = getattr(self, param_name)
-        if param is None:
+        """Copy a checkpoint tensor into its shard's rows of a parameter: weight, bias or a scale.
+
+        Parameters are sharded along their output dimension. A method may mark its parameters with
+        `output_dim` (1 for layouts stored [in, out], e.g. GPTQ/AWQ), `rows_per_entry` (outputs one entry
+        along it covers: the block height of block-wise scales, 8 for eight 4-bit outputs packed in an
+        int32) and `per_tensor_ok` (a one-value checkpoint scale fills the shard's rows).
+        """
+        param = getattr(self, param_name, None)
+        if not isinstance(param, nn.Parameter):
+            if self.method.load_extra(self, param_name, tensor, shard):
+                return
             raise ValueError(f"checkpoint has a {param_name} that this layer does not")
         start = sum(self.output_sizes[:shard])
         size = self.output_sizes[shard]
-        target = param.data[start : start + size]
-        if tuple(tensor.shape) != tuple(target.shape):
+        rows = getattr(param, "rows_per_entry", 1)
+        if start % rows:
             raise ValueError(
-                f"shape mismatch for {param_name} shard {shard}: checkpoint {tuple(tensor.shape)}, "
-                f"model {tuple(target.shape)}"
+                f"{param_name} shard {shard} starts at output row {start}, inside a {rows}-row block of its "
+                "entries: a block-quantized or packed checkpoint needs packed shards that are whole blocks"
             )
+        first, end = start // rows, (start + size + rows - 1) // rows
+        target = param.data.narrow(getattr(param, "output_dim", 0), first, end - first)
+        _check_dtype(param_name, tensor, target)
+        if tuple(tensor.shape) != tuple(target.shape):
+            if tensor.numel() == 1 and getattr(param, "per_tensor_ok", False):
+                tensor = tensor.reshape(()).expand(target.shape)
+            elif tensor.numel() == target.numel() and tensor.squeeze().shape == target.squeeze().shape:
+                tensor = tensor.reshape(target.shape)  # e.g. a per-channel scale saved as [N] or [N, 1]
+            else:
+                raise ValueError(
+                    f"shape mismatch for {param_name} shard {shard}: checkpoint {tuple(tensor.shape)}, "
+                    f"model {tuple(target.shape)}"
+                )
         target.copy_(tensor)
+
+
+_PLAIN_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _check_dtype(param_name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
+    """Plain floats convert into each other; quantized storage (fp8, int8, packed ints) must match exactly,
+    since a cast would silently turn codes into values or values into garbage codes."""
+    if tensor.dtype == target.dtype or (tensor.dtype in _PLAIN_FLOATS and target.dtype in _PLAIN_FLOATS):
+        return
+    raise ValueError(
+        f"checkpoint {param_name} is {tensor.dtype} but the model stores it as {target.dtype}: the "
+        "checkpoint's quantization does not match its config.json (or the quantization= argument)"
+    )
 
 
 class VocabEmbedding(nn.Module):

@@ -19,6 +19,7 @@ from qwick.layers.linear import select_linear_method
 from qwick.loader.weights import fill_dummy_weights, iterate_safetensors
 from qwick.models.decoder import DecoderForCausalLM
 from qwick.models.registry import resolve_model_class
+from qwick.quantization.base import resolve_quantization
 
 logger = logging.getLogger(__name__)
 
@@ -120,14 +121,21 @@ def build_model(
     max_len: int,
     load_format: str = "auto",
     seed: int = 0,
+    quantization: str | None = None,
 ) -> DecoderForCausalLM:
+    """Build the model for `config` on `device`, fill it (checkpoint or dummy), prepare its weights.
+
+    `quantization`: a registered name (qwick.quantization) or None; the checkpoint's own
+    `quantization_config` is detected either way.
+    """
     model_cls = resolve_model_class(config)
+    quant_config = resolve_quantization(quantization, config)
     start = time.perf_counter()
     torch_default = torch.get_default_dtype()
     try:
         torch.set_default_dtype(dtype)
         with torch.device(device):
-            model = model_cls(config, max_len)
+            model = model_cls(config, max_len, quant_config)
     finally:
         torch.set_default_dtype(torch_default)
     # rotary tables stay fp32: transformers computes cos/sin in fp32 too
@@ -141,6 +149,12 @@ def build_model(
         if missing:
             raise ValueError(f"checkpoint in {path} lacks weights: {', '.join(sorted(missing)[:8])}")
     model.process_weights_after_loading(select_linear_method(device, dtype))
+    if quant_config is not None and device.type == "cuda":
+        torch.cuda.empty_cache()  # give back the plain weights quantized on the fly, before KV sizing
     model.eval()
     logger.info("Built %s (%s, %s) in %.1fs", model_cls.__name__, dtype, device, time.perf_counter() - start)
+    if quant_config is not None:
+        from qwick.quantization.base import log_quantized
+
+        log_quantized(model, quant_config.describe())
     return model

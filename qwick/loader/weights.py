@@ -38,10 +38,26 @@ def iterate_safetensors(model_dir: str, show_progress: bool = True) -> Iterator[
 def fill_dummy_weights(model: torch.nn.Module, seed: int = 0, scale: float = 0.02) -> None:
     """Random weights at the model's shapes, for benchmarks where no checkpoint exists.
 
-    Norm weights are set to 1 so activations stay well-scaled and the outputs are not degenerate.
+    Norm weights are set to 1 so activations stay well-scaled and the outputs are not degenerate. A layer
+    that stores a quantized checkpoint's codes and scales gets the same random plain weight, quantized by
+    its method, so a quantized and an unquantized model with one seed hold (nearly) the same weights.
     """
+    from qwick.layers.linear import Linear
+
+    quantized: dict[str, Linear] = {}  # "<layer>.weight" -> layer, for layers stored as codes + scales
+    skipped: set[str] = set()  # their scales: written with the codes
+    for module_name, module in model.named_modules():
+        if isinstance(module, Linear) and hasattr(module.method, "load_dense"):
+            if module.weight.dtype.is_floating_point and module.weight.element_size() > 1:
+                continue  # a plain weight until loading finishes: filled like any other
+            quantized[f"{module_name}.weight"] = module
+            for param_name, _ in module.named_parameters():
+                if param_name not in ("weight", "bias"):
+                    skipped.add(f"{module_name}.{param_name}")
     generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
+        if name in skipped:
+            continue
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
             continue
@@ -49,4 +65,8 @@ def fill_dummy_weights(model: torch.nn.Module, seed: int = 0, scale: float = 0.0
             generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
         gen = generators[param.device]
         values = torch.randn(param.shape, generator=gen, dtype=torch.float32, device=param.device)
+        if name in quantized:
+            layer = quantized[name]
+            layer.method.load_dense(layer, values.mul_(scale))
+            continue
         param.data.copy_(values.mul_(scale))

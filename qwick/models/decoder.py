@@ -19,6 +19,7 @@ from qwick.layers.attention.layer import Attention
 from qwick.layers.linear import Linear, LinearMethod, VocabEmbedding
 from qwick.layers.norm import RMSNorm
 from qwick.layers.rotary import RopeStep, RotaryEmbedding
+from qwick.quantization.base import QuantizationConfig
 
 
 @dataclass(frozen=True)
@@ -29,18 +30,45 @@ class DecoderFlags:
     qk_norm: bool = False
 
 
+def _linear_method(
+    quant_config: QuantizationConfig | None, prefix: str, leaves: list[str] | None = None
+) -> LinearMethod | None:
+    """The quantization method of the layer `prefix` (Hugging Face names), given the checkpoint modules
+    (`leaves`, siblings of `prefix`) packed into it; None: unquantized."""
+    if quant_config is None:
+        return None
+    parent = prefix.rpartition(".")[0]
+    names = [f"{parent}.{leaf}" if parent else leaf for leaf in leaves] if leaves else [prefix]
+    return quant_config.linear_method(prefix, names)
+
+
 class DecoderAttention(nn.Module):
-    def __init__(self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        flags: DecoderFlags,
+        layer_idx: int,
+        quant_config: QuantizationConfig | None = None,
+    ):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
+        prefix = f"model.layers.{layer_idx}.self_attn"
         self.qkv_proj = Linear(
-            config.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=flags.qkv_bias
+            config.hidden_size,
+            [self.q_size, self.kv_size, self.kv_size],
+            bias=flags.qkv_bias,
+            method=_linear_method(quant_config, f"{prefix}.qkv_proj", ["q_proj", "k_proj", "v_proj"]),
         )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=flags.o_bias)
+        self.o_proj = Linear(
+            self.q_size,
+            config.hidden_size,
+            bias=flags.o_bias,
+            method=_linear_method(quant_config, f"{prefix}.o_proj"),
+        )
         if flags.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -76,11 +104,28 @@ def _sliding_window(config: PretrainedConfig, layer_idx: int) -> int | None:
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, config: PretrainedConfig, flags: DecoderFlags):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        flags: DecoderFlags,
+        layer_idx: int,
+        quant_config: QuantizationConfig | None = None,
+    ):
         super().__init__()
         inter = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, [inter, inter], bias=flags.mlp_bias)
-        self.down_proj = Linear(inter, config.hidden_size, bias=flags.mlp_bias)
+        prefix = f"model.layers.{layer_idx}.mlp"
+        self.gate_up_proj = Linear(
+            config.hidden_size,
+            [inter, inter],
+            bias=flags.mlp_bias,
+            method=_linear_method(quant_config, f"{prefix}.gate_up_proj", ["gate_proj", "up_proj"]),
+        )
+        self.down_proj = Linear(
+            inter,
+            config.hidden_size,
+            bias=flags.mlp_bias,
+            method=_linear_method(quant_config, f"{prefix}.down_proj"),
+        )
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,10 +133,16 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, flags: DecoderFlags, layer_idx: int):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        flags: DecoderFlags,
+        layer_idx: int,
+        quant_config: QuantizationConfig | None = None,
+    ):
         super().__init__()
-        self.self_attn = DecoderAttention(config, flags, layer_idx)
-        self.mlp = DecoderMLP(config, flags)
+        self.self_attn = DecoderAttention(config, flags, layer_idx, quant_config)
+        self.mlp = DecoderMLP(config, flags, layer_idx, quant_config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -109,12 +160,20 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, flags: DecoderFlags, max_len: int):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        flags: DecoderFlags,
+        max_len: int,
+        quant_config: QuantizationConfig | None = None,
+    ):
         super().__init__()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.rotary = RotaryEmbedding(config, head_dim, max_len)
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, flags, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, flags, i, quant_config) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -140,15 +199,20 @@ class DecoderForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config: PretrainedConfig, max_len: int) -> None:
+    def __init__(
+        self, config: PretrainedConfig, max_len: int, quant_config: QuantizationConfig | None = None
+    ) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, self.flags_for(config), max_len)
+        self.quant_config = quant_config
+        self.model = DecoderModel(config, self.flags_for(config), max_len, quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size)
+            self.lm_head = Linear(
+                config.hidden_size, config.vocab_size, method=_linear_method(quant_config, "lm_head")
+            )
         self.linear_method = LinearMethod()
         for p in self.parameters():
             p.requires_grad_(False)
@@ -166,7 +230,8 @@ class DecoderForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def process_weights_after_loading(self, method: LinearMethod) -> None:
-        """Hand every linear layer its method once the checkpoint is in (repacking happens here)."""
+        """Hand every unquantized linear layer the device's method once the checkpoint is in, and let every
+        method prepare its weights (repacking, on-the-fly quantization happen here)."""
         self.linear_method = method
         if self.lm_head is None and method.repacks_weight:
             # Tied: the embedding table stays plain for lookups; the LM head gets its own repacked copy.
@@ -175,8 +240,9 @@ class DecoderForCausalLM(nn.Module):
             self.lm_head.weight.data = weight.data.clone()
         for module in self.modules():
             if isinstance(module, Linear):
-                module.method = method
-                method.process_weights_after_loading(module)
+                if not module.method.quantized:
+                    module.method = method
+                module.method.process_weights_after_loading(module)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
@@ -189,7 +255,7 @@ class DecoderForCausalLM(nn.Module):
         unpacked = {target: [] for target, _ in self.packed.values()}
         for leaf, (target, shard) in self.packed.items():
             unpacked[target].append((shard, leaf))
-        for name, param in self.named_parameters():
+        for name, param in self._dense_parameters():
             if param.layout != torch.strided:
                 raise ValueError(
                     f"{name} is stored repacked ({param.layout}); export needs dtype float32 on CPUs"
@@ -199,11 +265,22 @@ class DecoderForCausalLM(nn.Module):
             module_name, _, param_name = name.rpartition(".")
             prefix, _, leaf = module_name.rpartition(".")
             if leaf not in unpacked:
-                yield name, param.data
+                yield name, param
                 continue
             sizes = self.get_submodule(module_name).output_sizes
-            for (_, hf_leaf), part in zip(sorted(unpacked[leaf]), param.data.split(sizes)):
+            for (_, hf_leaf), part in zip(sorted(unpacked[leaf]), param.split(sizes)):
                 yield f"{prefix}.{hf_leaf}.{param_name}", part
+
+    def _dense_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Parameters as plain tensors; a quantized layer's weight dequantized (fp32), its scales left out."""
+        quantized = {n: m for n, m in self.named_modules() if isinstance(m, Linear) and m.method.quantized}
+        for name, param in self.named_parameters():
+            module_name, _, param_name = name.rpartition(".")
+            module = quantized.get(module_name)
+            if module is None or param_name == "bias":
+                yield name, param.data
+            elif param_name == "weight":
+                yield name, module.method.dense_weight(module)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors (Hugging Face names) in, packing q/k/v and gate/up; return names loaded."""
@@ -225,6 +302,11 @@ class DecoderForCausalLM(nn.Module):
                     raise ValueError(f"checkpoint tensor {name} has no place in the model")
                 module.load_shard(param_name, tensor, shard)
                 loaded.add(f"{module_name}.{param_name}")
+                continue
+            module = modules.get(module_name)
+            if isinstance(module, Linear):  # scales and extra tensors go through the layer's method
+                module.load_shard(param_name, tensor, 0)
+                loaded.add(name)
                 continue
             if name not in params:
                 raise ValueError(f"checkpoint tensor {name} has no place in the model")

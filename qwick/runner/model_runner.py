@@ -98,6 +98,7 @@ class ModelRunner:
             max_len=max_model_len,
             load_format=engine_config.load_format,
             seed=engine_config.seed,
+            quantization=engine_config.quantization,
         )
         self.vocab_size = hf_config.vocab_size
         self.backend = select_attention_backend(engine_config.attention_backend, self.block_size, self.device)

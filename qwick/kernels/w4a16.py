@@ -1,0 +1,230 @@
+"""Matmul on integer-quantized weights (`QuantizedWeight`: int4 or int8 packed along K, per-group scales):
+`y = x @ W.T + b` with bf16/fp16 activations, W dequantized tile by tile in registers. W4A16 for AWQ, GPTQ
+and RTN int4; the same kernel with BITS=8 serves GGUF Q8_0 / Q5_0 / Q6_K, and mins serve Q4_K.
+
+Decode (M <= 16) is bound by reading the weight once, and a 4-bit weight is a quarter of the bf16 bytes, so
+the kernel follows `qwick.kernels.gemv`: programs stream [BLOCK_N, BLOCK_K] tiles of W (BLOCK_N rows, each
+a contiguous run of BLOCK_K / 8 int32 words), with K split over SPLIT_K programs when N / BLOCK_N programs
+cannot keep every SM streaming; the partials go to the shared fp32 workspace and the last program of a
+tile reduces them (the same epilogue, counters self-reset, so CUDA graphs can replay it).
+
+Unpacking without a reshape: word j of a tile holds elements 8j + i for i < 8 (sequential nibbles). A dot
+product does not care in which order it visits K, so instead of interleaving the eight nibble planes back
+into K order, the kernel multiplies plane i ([BLOCK_N, BLOCK_K / 8], one shift and mask of the loaded words)
+by the matching strided slice of x (columns 8j + i; x is tiny and stays in L1). Eight `tl.dot`s of depth
+BLOCK_K / 8 per tile; each word is loaded once (contiguous per row). Group scales depend only on j (group
+sizes are multiples of 8), so one [BLOCK_N, BLOCK_K / 8] scale tile serves all eight planes.
+
+Each dequantized value is computed in fp32 exactly as `formats.layout.dequantize` computes it and rounded
+once to the activation dtype: the kernel and `formats.reference.dequant_matmul` multiply the same weights.
+Prefill (M > 16) runs the same kernel over M tiles of 64 rows without split-K.
+
+Status: correct under TRITON_INTERPRET=1 (tests/kernels/test_w4a16.py); not yet run or tuned on the H200
+(benchmarks/w4a16_sweep.py is the sweep to run), so `default_config` is a first guess.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from qwick.kernels.gemv import MAX_M, GemvWorkspace, _gemv_epilogue
+from qwick.quantization.formats.layout import QuantizedWeight
+
+ZERO_CONST, ZERO_TENSOR, ZERO_MINS = 0, 1, 2
+
+
+@triton.jit
+def _qgemv_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    counter_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_qn,
+    stride_sn,
+    stride_ym,
+    ZERO_POINT: tl.constexpr,
+    ZERO_MODE: tl.constexpr,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    PER_WORD: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    BLOCK_W: tl.constexpr = BLOCK_K // PER_WORD  # words per row per tile
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rj = tl.arange(0, BLOCK_W)
+    m_ok = rm < M
+    n_ok = rn < N
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    rn64 = rn.to(tl.int64)
+    q_rows = qw_ptr + rn64[:, None] * stride_qn
+    s_rows = s_ptr + rn64[:, None] * stride_sn
+    z_rows = z_ptr + rn64[:, None] * stride_sn
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        kw = k // PER_WORD + rj  # word index of each column of the tile
+        kk = kw * PER_WORD  # first element of each word
+        k_ok = kk < k_end
+        wn_mask = n_ok[:, None] & k_ok[None, :]
+        words = tl.load(q_rows + kw[None, :], mask=wn_mask, other=0)
+        group = kk // GROUP
+        scale = tl.load(s_rows + group[None, :], mask=wn_mask, other=0.0).to(tl.float32)
+        if ZERO_MODE == 1:
+            zero = tl.load(z_rows + group[None, :], mask=wn_mask, other=0).to(tl.float32)
+        elif ZERO_MODE == 2:
+            mins = tl.load(z_rows + group[None, :], mask=wn_mask, other=0.0).to(tl.float32)
+        xm_mask = m_ok[:, None] & k_ok[None, :]
+        for i in tl.static_range(PER_WORD):
+            q = ((words >> (i * BITS)) & MASK).to(tl.float32)
+            if ZERO_MODE == 2:
+                w = q * scale - mins
+            elif ZERO_MODE == 1:
+                w = (q - zero) * scale
+            else:
+                w = (q - ZERO_POINT) * scale
+            x = tl.load(x_rows + (kk + i)[None, :], mask=xm_mask, other=0.0)
+            acc = tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)), acc)
+    _gemv_epilogue(
+        acc,
+        b_ptr,
+        y_ptr,
+        ws_ptr,
+        counter_ptr,
+        rm,
+        rn,
+        m_ok,
+        n_ok,
+        pid_n,
+        pid_k,
+        N,
+        stride_ym,
+        HAS_BIAS,
+        SPLIT_K,
+        BLOCK_M,
+        BLOCK_N,
+    )
+
+
+def _m_bucket(m: int) -> int:
+    return triton.next_power_of_2(m) if m <= MAX_M else MAX_M + 1
+
+
+@dataclass(frozen=True)
+class QuantGemvConfig:
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+    block_m: int = MAX_M
+
+
+@functools.lru_cache(maxsize=1024)
+def default_config(m: int, n: int, k: int, bits: int, num_sms: int) -> QuantGemvConfig:
+    """Launch shape for an [m, k] x [n, k]^T product on a `bits`-bit weight.
+
+    Decode: a tile row reads BLOCK_K * bits / 8 bytes (128 at int4 x 256), and K is split until there are
+    about four programs per SM, as long as each split keeps at least two tiles of K to stream.
+    Prefill: 64-row M tiles, no split.
+    """
+    if m > MAX_M:
+        return QuantGemvConfig(128, 128, 1, num_warps=8, num_stages=3, block_m=64)
+    block_n, block_k = 64, 256
+    tiles = triton.cdiv(n, block_n)
+    split = 1
+    while tiles * split < 4 * num_sms and k // (block_k * split * 2) >= 2:
+        split *= 2
+    return QuantGemvConfig(block_n, block_k, split, num_warps=4, num_stages=4)
+
+
+def quant_matmul(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    ws: GemvWorkspace,
+    config: QuantGemvConfig | None = None,
+) -> torch.Tensor:
+    """`x @ W.T + bias` for x [M, K] bf16/fp16 and a `QuantizedWeight` on the same device."""
+    m, k = x.shape
+    n, wk = weight.shape
+    if wk != k:
+        raise ValueError(f"x has K={k}, the weight {wk}")
+    if weight.perm is not None:  # act-order: the weight's K is stored grouped; gather x to match
+        x = x.index_select(1, weight.perm)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    per_word = 32 // weight.bits
+    if weight.group_size % per_word:
+        raise ValueError(f"group size {weight.group_size} is not a multiple of {per_word}")
+    for t in (weight.qweight, weight.scales, weight.zeros, weight.mins):
+        if t is not None and (t.stride(1) != 1 or t.stride(0) != t.shape[1]):
+            raise ValueError("quantized weight tensors must be contiguous")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    cfg = config or default_config(_m_bucket(m), n, k, weight.bits, ws.num_sms)
+    if m > MAX_M and cfg.split_k != 1:
+        raise ValueError("split-K needs M <= 16")
+    tiles = triton.cdiv(n, cfg.block_n)
+    if cfg.split_k > 1 and (cfg.split_k * MAX_M * n > ws.partials.numel() or tiles > ws.counters.numel()):
+        raise ValueError(f"split-K workspace too small for {cfg} at N={n}")
+    if weight.mins is not None:
+        mode, extra = ZERO_MINS, weight.mins
+    elif weight.zeros is not None:
+        mode, extra = ZERO_TENSOR, weight.zeros
+    else:
+        mode, extra = ZERO_CONST, weight.scales
+    block_m = cfg.block_m if m > MAX_M else MAX_M
+    _qgemv_kernel[(tiles, cfg.split_k, triton.cdiv(m, block_m))](
+        x,
+        weight.qweight,
+        weight.scales,
+        extra,
+        bias if bias is not None else weight.scales,
+        y,
+        ws.partials,
+        ws.counters,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+        y.stride(0),
+        ZERO_POINT=weight.zero_point,
+        ZERO_MODE=mode,
+        BITS=weight.bits,
+        GROUP=weight.group_size,
+        HAS_BIAS=bias is not None,
+        SPLIT_K=cfg.split_k,
+        BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return y

@@ -1,0 +1,311 @@
+"""W8A8 kernels on the GPU, in Triton (the reference is `W8A8LinearMethod.apply_reference`).
+
+Block-scaled FP8 GEMM (the DeepSeek / Qwen3-FP8 recipe):
+
+    y[m, n] = sum over K blocks kb of (xq[m, kb] . wq[n, kb]) * xs[m, kb] * ws[n // bn, kb]
+
+x is quantized per token and `block_k`-wide group (scales xs [M, K/bk]); W per [bn, bk] block (ws
+[N/bn, K/bk]). Each program owns a [BLOCK_M, BLOCK_N] output tile and walks K one scale group at a time:
+an fp8 tensor-core dot in fp32, scaled by the two groups' scales, added to the accumulator.
+torch's own block-scaled `scaled_mm` (cuBLAS, Hopper) wants scale layouts this does not need to match.
+
+Activation quantization: one launch per matmul (instead of ~8 elementwise torch ops), bit-identical to
+`qwick.quantization.w8a8.quantize_per_token` / `quantize_per_token_group` (IEEE divisions, round half to
+even, saturate, round-to-nearest casts), so every path quantizes activations the same way.
+
+Skinny W8A8 GEMM (decode, M <= 16, per-token x scales and per-channel W scales): `qwick.kernels.gemv`'s
+split-K weight streaming on 8-bit codes (half the bytes of bf16), `y = (xq . wq) * xs[m] * ws[n] + b`.
+The scales are linear, so each split scales its partial sum before the shared split-K epilogue adds them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from qwick.kernels.gemv import MAX_M, GemvConfig, GemvWorkspace, _gemv_epilogue
+
+
+@triton.jit
+def _block_scaled_mm_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    xs_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    stride_xsm,
+    stride_wsn,
+    GROUP_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # == the scale groups' width
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_xm + rk[None, :]
+    w_ptrs = w_ptr + rn.to(tl.int64)[None, :] * stride_wn + rk[:, None]  # [BLOCK_K, BLOCK_N] of W^T
+    xs_ptrs = xs_ptr + rm * stride_xsm
+    ws_ptrs = ws_ptr + (rn // GROUP_N) * stride_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = rk < K - kb * BLOCK_K
+        x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        xs = tl.load(xs_ptrs + kb, mask=m_ok, other=0.0)
+        ws = tl.load(ws_ptrs + kb, mask=n_ok, other=0.0)
+        acc += tl.dot(x, w) * xs[:, None] * ws[None, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def block_scaled_mm(
+    xq: torch.Tensor,
+    xs: torch.Tensor,
+    wq: torch.Tensor,
+    ws: torch.Tensor,
+    block: tuple[int, int],
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """xq [M, K] fp8, xs [M, K/bk] fp32, wq [N, K] fp8, ws [N/bn, K/bk] fp32 -> y [M, N] in `out_dtype`."""
+    m, k = xq.shape
+    n = wq.shape[0]
+    bn, bk = block
+    assert wq.shape[1] == k and xq.stride(1) == 1 and wq.stride(1) == 1
+    assert xs.shape == (m, triton.cdiv(k, bk)) and ws.shape == (triton.cdiv(n, bn), triton.cdiv(k, bk))
+    xs = xs.contiguous()
+    ws = ws.contiguous()
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return y
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_n = 128 if n >= 128 else 64
+    num_warps = 4 if block_m <= 32 else 8
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _block_scaled_mm_kernel[grid](
+        xq,
+        wq,
+        y,
+        xs,
+        ws,
+        m,
+        n,
+        k,
+        xq.stride(0),
+        wq.stride(0),
+        y.stride(0),
+        xs.stride(0),
+        ws.stride(0),
+        GROUP_N=bn,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=bk,
+        num_warps=num_warps,
+        num_stages=3,
+    )
+    return y
+
+
+@triton.jit
+def _w8a8_gemv_kernel(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    wscale_ptr,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    counter_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    ACC_DTYPE: tl.constexpr,  # int32 for int8 codes, float32 for fp8
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    m_ok = rm < M
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + rm[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
+    for k in range(k_start, k_end, BLOCK_K):
+        kk = k + rk
+        if EVEN_K:
+            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
+            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
+        else:
+            k_ok = kk < k_end
+            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+    xs = tl.load(xs_ptr + rm, mask=m_ok, other=0.0)
+    wscale = tl.load(wscale_ptr + rn, mask=n_ok, other=0.0)
+    scaled = acc.to(tl.float32) * xs[:, None] * wscale[None, :]
+    _gemv_epilogue(
+        scaled,
+        b_ptr,
+        y_ptr,
+        ws_ptr,
+        counter_ptr,
+        rm,
+        rn,
+        m_ok,
+        n_ok,
+        pid_n,
+        pid_k,
+        N,
+        stride_ym,
+        HAS_BIAS,
+        SPLIT_K,
+        BLOCK_M,
+        BLOCK_N,
+    )
+
+
+def w8a8_gemv(
+    xq: torch.Tensor,
+    xs: torch.Tensor,
+    wq: torch.Tensor,
+    wscale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    ws: GemvWorkspace,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """`(xq . wq^T) * xs * wscale^T + bias` for xq [M <= 16, K] and wq [N, K] (both fp8 or both int8, K
+    contiguous), xs [M, 1] and wscale [N, 1] fp32."""
+    m, k = xq.shape
+    n = wq.shape[0]
+    assert m <= MAX_M and wq.shape[1] == k and xq.stride(1) == 1 and wq.stride(1) == 1
+    assert xq.dtype == wq.dtype and xs.numel() == m and wscale.numel() == n
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return y
+    cfg = config or ws.config_for(m, n, k)
+    tiles = triton.cdiv(n, cfg.block_n)
+    if cfg.split_k > 1 and (cfg.split_k * MAX_M * n > ws.partials.numel() or tiles > ws.counters.numel()):
+        raise ValueError(f"split-K workspace too small for {cfg} at N={n}")
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    _w8a8_gemv_kernel[(tiles, cfg.split_k)](
+        xq,
+        xs,
+        wq,
+        wscale,
+        bias if bias is not None else wscale,
+        y,
+        ws.partials,
+        ws.counters,
+        m,
+        n,
+        k,
+        xq.stride(0),
+        wq.stride(0),
+        y.stride(0),
+        HAS_BIAS=bias is not None,
+        SPLIT_K=cfg.split_k,
+        BLOCK_M=MAX_M,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        EVEN_K=k % k_per_split == 0 and k_per_split % cfg.block_k == 0,
+        ACC_DTYPE=tl.int32 if xq.dtype == torch.int8 else tl.float32,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return y
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    K,
+    GROUP,
+    stride_xm,
+    stride_qm,
+    stride_sm,
+    QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program per (row, group of GROUP columns): absmax, scale = absmax / QMAX, codes = x / scale."""
+    row = tl.program_id(0).to(tl.int64)
+    start = tl.program_id(1) * GROUP
+    end = tl.minimum(start + GROUP, K)
+    x_row = x_ptr + row * stride_xm
+    q_row = q_ptr + row * stride_qm
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k in range(start, end, BLOCK):
+        offs = k + tl.arange(0, BLOCK)
+        x = tl.load(x_row + offs, mask=offs < end, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), MIN_AMAX), QMAX)
+    tl.store(s_ptr + row * stride_sm + tl.program_id(1), scale)
+    for k in range(start, end, BLOCK):
+        offs = k + tl.arange(0, BLOCK)
+        ok = offs < end
+        x = tl.load(x_row + offs, mask=ok, other=0.0).to(tl.float32)
+        q = tl.math.div_rn(x, scale)
+        if IS_INT:  # round half to even, as torch.round
+            r = tl.floor(q + 0.5)
+            tie_to_odd = ((r - q) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) != 0.0)
+            q = tl.where(tie_to_odd, r - 1.0, r)
+        q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
+        tl.store(q_row + offs, q.to(q_ptr.dtype.element_ty), mask=ok)
+
+
+def quantize_rows(
+    x: torch.Tensor, qdtype: torch.dtype, qmax: float, min_amax: float, group: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> codes [M, K] and fp32 scales [M, 1] (per token) or [M, ceil(K / group)]."""
+    m, k = x.shape
+    assert x.stride(1) == 1
+    groups = 1 if group is None else triton.cdiv(k, group)
+    q = torch.empty((m, k), dtype=qdtype, device=x.device)
+    s = torch.empty((m, groups), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, s
+    _quantize_rows_kernel[(m, groups)](
+        x,
+        q,
+        s,
+        k,
+        k if group is None else group,
+        x.stride(0),
+        q.stride(0),
+        s.stride(0),
+        QMAX=qmax,
+        MIN_AMAX=min_amax,
+        IS_INT=qdtype == torch.int8,
+        BLOCK=min(1024, triton.next_power_of_2(k if group is None else group)),
+    )
+    return q, s

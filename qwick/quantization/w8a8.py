@@ -1,0 +1,289 @@
+"""8-bit weights and 8-bit activations (FP8 e4m3 or INT8): the linear method behind "fp8", "int8" and
+compressed-tensors' 8-bit schemes.
+
+Weights are symmetric, with one fp32 scale per output channel ([N, 1], `weight_scale`) or per
+[block_n, block_k] block ([ceil(N/bn), ceil(K/bk)], `weight_scale_inv` in Qwen/DeepSeek FP8 checkpoints,
+`weight_scale` in compressed-tensors ones; both multiply). Activations are quantized on the fly: one scale
+per token (per-channel weights), or per token and `block_k`-wide group of K (block weights), as the
+DeepSeek/Qwen block recipe does. A checkpoint's static activation scales (`input_scale`) are not used:
+per-token dynamic scales are at least as accurate and need no calibration.
+
+Every device computes the same function:
+    y = dequant(quant(x)) @ dequant(W).T + b
+- the reference path (CPUs, odd shapes): dequantize, then a plain matmul. With per-token x scales and
+  per-channel W scales the scales factor out of each dot product, so the matmul runs on the 8-bit codes
+  (exact in bf16/fp16/fp32) in the activation dtype and the scales are applied after;
+- CUDA: for decode-sized inputs (M <= 16), a skinny Triton GEMM that streams the 8-bit codes (split-K,
+  as `qwick.kernels.gemv` does for bf16); otherwise `torch._scaled_mm` with row-wise scales (fp8),
+  `torch._int_mm` then the scales (int8); block fp8 through a Triton block-scaled GEMM; activations
+  quantized by one fused Triton kernel, bit-identical to the torch ops here (`qwick.kernels.w8a8`).
+
+On-the-fly ("quantization='fp8'" on a bf16 checkpoint): the layer holds a plain weight while loading, and
+`process_weights_after_loading` replaces it with codes and per-channel absmax scales (the bf16 copy is freed).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qwick.layers.linear import Linear, LinearMethod, linear
+
+FP8_DTYPE = torch.float8_e4m3fn
+_QMAX = {FP8_DTYPE: 448.0, torch.int8: 127.0}
+_MIN_AMAX = 1e-10  # an all-zero row gets a tiny scale (codes 0) instead of a division by zero
+
+
+def qmax(qdtype: torch.dtype) -> float:
+    return _QMAX[qdtype]
+
+
+def _to_codes(x: torch.Tensor, scale: torch.Tensor, qdtype: torch.dtype) -> torch.Tensor:
+    """fp32 values / scale -> 8-bit codes: round to nearest (even), saturate."""
+    q = x / scale
+    if qdtype == torch.int8:
+        q = q.round_()
+    m = _QMAX[qdtype]
+    return q.clamp_(-m, m).to(qdtype)
+
+
+def quantize_per_token(x: torch.Tensor, qdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> codes [M, K] and fp32 scales [M, 1] (absmax / qmax per row)."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=_MIN_AMAX) / _QMAX[qdtype]
+    return _to_codes(xf, scale, qdtype), scale
+
+
+def quantize_per_token_group(
+    x: torch.Tensor, qdtype: torch.dtype, group: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> codes [M, K] and fp32 scales [M, ceil(K / group)]: one scale per token and K-group."""
+    m, k = x.shape
+    groups = -(-k // group)
+    xf = F.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=_MIN_AMAX) / _QMAX[qdtype]
+    q = _to_codes(xf, scale, qdtype).view(m, groups * group)[:, :k]
+    return q.contiguous(), scale.squeeze(-1)
+
+
+def quantize_weight_per_channel(w: torch.Tensor, qdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> codes [N, K] and fp32 scales [N, 1]."""
+    return quantize_per_token(w, qdtype)
+
+
+def quantize_weight_blockwise(
+    w: torch.Tensor, qdtype: torch.dtype, block: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> codes [N, K] and fp32 scales [ceil(N/bn), ceil(K/bk)], one per [bn, bk] block."""
+    n, k = w.shape
+    bn, bk = block
+    nb, kb = -(-n // bn), -(-k // bk)
+    wf = F.pad(w.float(), (0, kb * bk - k, 0, nb * bn - n)).view(nb, bn, kb, bk)
+    scale = wf.abs().amax(dim=(1, 3), keepdim=True).clamp_(min=_MIN_AMAX) / _QMAX[qdtype]
+    q = _to_codes(wf, scale, qdtype).view(nb * bn, kb * bk)[:n, :k]
+    return q.contiguous(), scale.view(nb, kb)
+
+
+def expand_block_scales(scale: torch.Tensor, shape: tuple[int, int], block: tuple[int, int]) -> torch.Tensor:
+    """Block scales [ceil(N/bn), ceil(K/bk)] -> one scale per element [N, K]."""
+    n, k = shape
+    bn, bk = block
+    return scale.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+
+
+_GEMV_WORKSPACES: dict[tuple[str, int | None], object] = {}
+
+
+def _gemv_workspace(device: torch.device):
+    """One split-K scratch per GPU for every W8A8 layer (calls on one stream never overlap), made when the
+    weights are processed: before CUDA-graph capture, never inside it."""
+    key = (device.type, device.index)
+    if key not in _GEMV_WORKSPACES:
+        from qwick.kernels.gemv import GemvWorkspace
+
+        _GEMV_WORKSPACES[key] = GemvWorkspace(device)
+    return _GEMV_WORKSPACES[key]
+
+
+class W8A8LinearMethod(LinearMethod):
+    """8-bit weights (per-channel or block scales) times activations quantized per token on the fly.
+
+    `checkpoint`: the layer's parameters are the checkpoint's codes and scales; otherwise it loads a plain
+    weight and quantizes it per channel after loading. `quantize_activations=False` is weight-only (W8A16):
+    the weight is dequantized and multiplied by the unquantized activations.
+    """
+
+    quantized = True
+    # Decode-sized inputs (M <= 16) with per-channel scales: our skinny Triton GEMM on the 8-bit codes
+    # (qwick.kernels.w8a8.w8a8_gemv) instead of cuBLAS; False keeps `_scaled_mm` / `_int_mm` for every M.
+    skinny_gemm = True
+    workspace = None
+
+    def __init__(
+        self,
+        qdtype: torch.dtype,
+        *,
+        checkpoint: bool,
+        block: tuple[int, int] | None = None,
+        scale_name: str = "weight_scale",
+        quantize_activations: bool = True,
+    ) -> None:
+        if qdtype not in _QMAX:
+            raise ValueError(f"W8A8 stores fp8 e4m3 or int8 weights, not {qdtype}")
+        if block is not None and (checkpoint is False or qdtype != FP8_DTYPE):
+            raise ValueError("block-wise scales exist only in fp8 checkpoints")
+        self.qdtype = qdtype
+        self.checkpoint = checkpoint
+        self.block = tuple(block) if block is not None else None
+        self.scale_name = scale_name
+        self.quantize_activations = quantize_activations
+
+    def describe(self) -> str:
+        kind = "fp8" if self.qdtype == FP8_DTYPE else "int8"
+        weights = f"{self.block[0]}x{self.block[1]} blocks" if self.block else "per channel"
+        acts = ("per token" if not self.block else f"per token and {self.block[1]} columns") + ", dynamic"
+        if not self.quantize_activations:
+            acts = "unquantized (weight-only)"
+        return f"{kind} weights {weights}, activations {acts}"
+
+    # ---- parameters -----------------------------------------------------------------------------------
+    def create_weights(self, layer: Linear) -> None:
+        n, k = layer.output_size, layer.input_size
+        if not self.checkpoint:  # plain weight until `process_weights_after_loading` quantizes it
+            super().create_weights(layer)
+            return
+        layer.weight = nn.Parameter(torch.empty(n, k, dtype=self.qdtype), requires_grad=False)
+        if self.block is None:
+            scale = nn.Parameter(torch.empty(n, 1, dtype=torch.float32), requires_grad=False)
+            scale.per_tensor_ok = True  # per-tensor checkpoint scales are kept per channel
+        else:
+            bn, bk = self.block
+            blocks = torch.empty(-(-n // bn), -(-k // bk), dtype=torch.float32)
+            scale = nn.Parameter(blocks, requires_grad=False)
+            scale.rows_per_entry = bn
+        layer.register_parameter(self.scale_name, scale)
+
+    def load_extra(self, layer: Linear, param_name: str, tensor: torch.Tensor, shard: int) -> bool:
+        if param_name == "input_scale":  # static activation scales: we quantize per token instead
+            return True
+        if param_name in ("weight_zero_point", "input_zero_point"):  # written by symmetric schemes too
+            if torch.count_nonzero(tensor):
+                raise ValueError(f"{param_name} is not zero: asymmetric 8-bit quantization is not supported")
+            return True
+        return False
+
+    def weight_scale(self, layer: Linear) -> torch.Tensor:
+        return getattr(layer, self.scale_name)
+
+    def load_dense(self, layer: Linear, w: torch.Tensor) -> None:
+        """Write a plain weight [N, K] into the layer's storage (dummy weights of a quantized checkpoint)."""
+        if not self.checkpoint:
+            layer.weight.data.copy_(w)
+            return
+        if self.block is None:
+            q, s = quantize_weight_per_channel(w, self.qdtype)
+        else:
+            q, s = quantize_weight_blockwise(w, self.qdtype, self.block)
+        layer.weight.data.copy_(q)
+        self.weight_scale(layer).data.copy_(s)
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        if not self.checkpoint:
+            q, s = quantize_weight_per_channel(layer.weight.data, self.qdtype)
+            layer.weight = nn.Parameter(q, requires_grad=False)  # drops the plain copy
+            layer.register_parameter(self.scale_name, nn.Parameter(s, requires_grad=False))
+        if layer.weight.device.type == "cuda" and self.block is None and self.quantize_activations:
+            self.workspace = _gemv_workspace(layer.weight.device)
+
+    def dense_weight(self, layer: Linear) -> torch.Tensor:
+        """The dequantized weight [N, K] in fp32 (exports to transformers, the reference path)."""
+        w = layer.weight
+        if w.dtype not in _QMAX:  # on-the-fly, not processed yet
+            return w.data.float()
+        scale = self.weight_scale(layer)
+        if self.block is None:
+            return w.float() * scale
+        return w.float() * expand_block_scales(scale, tuple(w.shape), self.block)
+
+    # ---- matmul ---------------------------------------------------------------------------------------
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if x2.device.type == "cuda" and self.quantize_activations:
+            y = self._apply_cuda(layer, x2)
+        else:
+            y = self.apply_reference(layer, x2)
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+    def apply_reference(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        """Dequantize, then matmul: the function every path computes (x [M, K])."""
+        out_dtype = x.dtype
+        if not self.quantize_activations:
+            return linear(x, self.dense_weight(layer).to(out_dtype), layer.bias)
+        if self.block is not None:
+            bk = self.block[1]
+            xq, xs = quantize_per_token_group(x, self.qdtype, bk)
+            x_deq = xq.float() * xs.repeat_interleave(bk, dim=1)[:, : x.shape[1]]
+            y = linear(x_deq, self.dense_weight(layer))
+        else:
+            # Scales factor out of every dot product: matmul the codes (exact in any float dtype) in the
+            # activation dtype, as fast as the unquantized layer, then scale in fp32.
+            xq, xs = quantize_per_token(x, self.qdtype)
+            plain = (torch.bfloat16, torch.float16, torch.float32)
+            mm_dtype = out_dtype if out_dtype in plain else torch.float32
+            y = linear(xq.to(mm_dtype), layer.weight.to(mm_dtype)).float()
+            y = y * xs * self.weight_scale(layer).view(1, -1)
+        y = y.to(out_dtype)
+        if layer.bias is not None:
+            y = y + layer.bias
+        return y
+
+    def _quantize_x(self, x: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Activation codes and scales: one fused Triton launch on GPUs (bit-identical to the torch ops)."""
+        if x.device.type != "cuda":
+            if group is None:
+                return quantize_per_token(x, self.qdtype)
+            return quantize_per_token_group(x, self.qdtype, group)
+        from qwick.kernels.w8a8 import quantize_rows
+
+        return quantize_rows(x.contiguous(), self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
+
+    def _apply_cuda(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        n, k = layer.weight.shape
+        if x.shape[0] == 0:
+            return x.new_empty(0, n)
+        if self.block is None and x.shape[0] <= 16 and self.skinny_gemm and self.workspace is not None:
+            from qwick.kernels.w8a8 import w8a8_gemv
+
+            xq, xs = self._quantize_x(x)
+            scale = self.weight_scale(layer)
+            return w8a8_gemv(xq, xs, layer.weight, scale, layer.bias, x.dtype, self.workspace)
+        if self.block is not None:
+            from qwick.kernels.w8a8 import block_scaled_mm
+
+            xq, xs = self._quantize_x(x, self.block[1])
+            y = block_scaled_mm(xq, xs, layer.weight, self.weight_scale(layer), self.block, x.dtype)
+        elif self.qdtype == FP8_DTYPE and k % 16 == 0 and n % 16 == 0:
+            xq, xs = self._quantize_x(x)
+            # Row-wise scaling: scale_a [M, 1], scale_b [1, N] in fp32, W column-major, bf16 out only.
+            y = torch._scaled_mm(
+                xq,
+                layer.weight.t(),
+                scale_a=xs,
+                scale_b=self.weight_scale(layer).view(1, -1),
+                out_dtype=torch.bfloat16,
+            )
+            y = y.to(x.dtype)
+        elif self.qdtype == torch.int8 and k % 8 == 0 and n % 8 == 0:
+            xq, xs = self._quantize_x(x)
+            m = xq.shape[0]
+            if m <= 16:  # cuBLAS int8 GEMMs need more than 16 rows: pad with zero rows
+                xq = F.pad(xq, (0, 0, 0, 32 - m))
+            acc = torch._int_mm(xq, layer.weight.t())[:m]
+            y = (acc.float() * xs * self.weight_scale(layer).view(1, -1)).to(x.dtype)
+        else:
+            return self.apply_reference(layer, x)
+        if layer.bias is not None:
+            y = y + layer.bias
+        return y

@@ -1,0 +1,45 @@
+"""`qwick bench quality` end to end on a tiny model: perplexity over the pinned stdlib files, greedy and
+teacher-forced agreement with the unquantized model, weight memory per mode."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from qwick.bench.quality import STDLIB_FILES, stdlib_corpus
+from qwick.entrypoints.cli import main
+
+ENGINE = ["--dtype", "float32", "--num-gpu-blocks-override", "256", "--max-model-len", "512"]
+
+
+def test_quality_report(tiny_qwen2_dir, tmp_path, capsys):
+    out = tmp_path / "quality.json"
+    args = ["bench", "quality", tiny_qwen2_dir, *ENGINE, "--modes", "none", "fp8", "int8"]
+    args += ["--window", "64", "--prompt-len", "16", "--max-tokens", "6", "--num-prompts", "3"]
+    assert main([*args, "--output-json", str(out)]) == 0
+    assert "| fp8 | float32 |" in capsys.readouterr().out
+    result = json.loads(out.read_text())["result"]
+    corpus = stdlib_corpus()
+    assert result["corpus"]["files"] == list(STDLIB_FILES) and result["corpus"]["sha256"] == corpus.sha256
+    none, fp8, int8 = result["modes"]
+    assert none["quantization"] is None and "greedy_identical" not in none
+    for mode in (none, fp8, int8):
+        assert mode["scored_tokens"] == len(STDLIB_FILES) * 63 and math.isfinite(mode["perplexity"])
+    for mode in (fp8, int8):
+        assert 0 <= mode["greedy_identical"] <= 1 and 0 <= mode["teacher_forced_top1"] <= 1
+        assert mode["teacher_forced_top1"] > 0.5  # the same random model, 8-bit: mostly the same picks
+        assert mode["linear_weight_bytes"] < none["linear_weight_bytes"] / 3  # fp32 -> one byte a weight
+        assert abs(math.log(mode["perplexity"] / none["perplexity"])) < 0.1
+
+
+def test_quality_needs_the_reference_first(tiny_qwen2_dir, capsys):
+    assert main(["bench", "quality", tiny_qwen2_dir, *ENGINE, "--modes", "fp8"]) == 2
+    assert "must start with 'none'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", STDLIB_FILES)
+def test_pinned_stdlib_files_exist(name):
+    """The pinned set is read from the running interpreter's stdlib: every file must be there."""
+    assert stdlib_corpus((name,)).texts[0]

@@ -1,0 +1,121 @@
+"""The quantized-weight matmul kernel against `formats.reference.dequant_matmul`, on every weight form:
+int4 with zero-point tensors (AWQ / RTN), int4 symmetric with act-order (GPTQ), int4 with mins (GGUF Q4_K),
+int8 containers (GGUF Q6_K, Q8_0); at the qwen2.5-7b decode shapes, M = 1..16 (split-K, counters reset on
+a second call), and prefill M > 16. With TRITON_INTERPRET=1 it runs on the CPU at tiny shapes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from qwick.quantization.formats import gguf_quant, gptq, rtn
+from qwick.quantization.formats.layout import QuantizedWeight, dequantize
+
+pytestmark = pytest.mark.gpu
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+# (N, K): qwen2.5-7b qkv, o, gate_up, down; an N that is not a multiple of the tile
+SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (1000, 1024)]
+GGUF_SHAPES = [(4608, 3584), (896, 4864)]
+MS = [1, 3, 8, 16, 17, 100]
+if INTERPRET:
+    SHAPES = [(96, 512), (40, 768)]
+    GGUF_SHAPES = [(40, 512)]
+    MS = [1, 5, 16, 20]
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if INTERPRET:
+        return torch.device("cpu")
+    pytest.skip("needs a CUDA GPU (or TRITON_INTERPRET=1)")
+
+
+def _workspace(dev: torch.device):
+    from qwick.kernels.gemv import GemvWorkspace
+
+    if dev.type == "cuda":
+        return GemvWorkspace(dev, max_elems=1 << 24)
+    ws = GemvWorkspace.__new__(GemvWorkspace)
+    ws.partials = torch.empty(1 << 20, dtype=torch.float32)
+    ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
+    ws.num_sms = 4
+    ws.configs = {}
+    return ws
+
+
+def _random_gguf(qtype: int, n: int, k: int, seed: int) -> QuantizedWeight:
+    """Random blocks with small finite fp16 fields (so that outputs stay in range)."""
+    rng = np.random.default_rng(seed)
+    block, size = gguf_quant.BLOCK_SIZES[qtype]
+    data = rng.integers(0, 256, size=(n * (k // block), size), dtype=np.uint8)
+    offsets = {gguf_quant.Q8_0: [0], gguf_quant.Q5_0: [0], gguf_quant.Q4_K: [0, 2], gguf_quant.Q6_K: [208]}
+    for off in offsets[qtype]:
+        d = (rng.standard_normal(data.shape[0]) * 1e-3).astype(np.float16)
+        data[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
+    return gguf_quant.repack(data, qtype, (n, k))
+
+
+def _weight(kind: str, n: int, k: int, dev: torch.device) -> QuantizedWeight:
+    gen = torch.Generator().manual_seed(n * 7 + k)
+    if kind.startswith("gguf"):
+        qtype = {"gguf-q4k": gguf_quant.Q4_K, "gguf-q6k": gguf_quant.Q6_K, "gguf-q8": gguf_quant.Q8_0}[kind]
+        return _random_gguf(qtype, n, k, seed=n + k).to(dev)
+    w = torch.randn(n, k, generator=gen) / k**0.5
+    if kind == "rtn-asym":
+        return rtn.quantize(w.to(dev))
+    order = torch.randperm(k, generator=gen)
+    return gptq.to_internal(**gptq.quantize(w, 128, sym=True, act_order=order)).to(dev)
+
+
+def _check(kind: str, n: int, k: int, ms: list[int], bias: bool) -> None:
+    from qwick.kernels.w4a16 import QuantGemvConfig, default_config, quant_matmul
+    from qwick.quantization.formats.reference import dequant_matmul
+
+    dev = _device()
+    dtype = torch.float16 if INTERPRET else torch.bfloat16
+    ws = _workspace(dev)
+    qw = _weight(kind, n, k, dev)
+    assert dequantize(qw).isfinite().all()
+    b = torch.randn(n, device=dev, dtype=dtype) if bias else None
+    for m in ms:
+        configs = [default_config(m, n, k, qw.bits, ws.num_sms)]
+        if m <= 16:
+            configs += [
+                QuantGemvConfig(32, 128, 1),
+                QuantGemvConfig(64, 256, 4),
+                QuantGemvConfig(16, 512, 2, 4, 3),
+            ]
+        else:
+            configs += [QuantGemvConfig(64, 128, 1, 4, 3, block_m=32)]
+        for cfg in configs:
+            for _ in range(2 if cfg.split_k > 1 else 1):  # a second call reuses the self-reset counters
+                x = torch.randn(m, k, device=dev, dtype=dtype)
+                # the oracle: the same bf16/fp16-rounded weights, summed in float64
+                w_rounded = dequantize(qw, dtype, original_order=False).double()
+                xs = x.double() if qw.perm is None else x.double()[:, qw.perm]
+                ref = xs @ w_rounded.T + (b.double() if bias else 0)
+                out = quant_matmul(x, qw, b, ws, cfg)
+                assert out.shape == (m, n) and out.dtype == dtype and not out.isnan().any()
+                rel = ((out.double() - ref).norm() / ref.norm()).item()
+                assert rel < 4e-3, (kind, m, cfg, rel)
+                loose = dequant_matmul(x.float(), qw, b.float() if bias else None)
+                assert ((out.float() - loose).norm() / loose.norm()).item() < 1e-2
+    assert int(ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("kind", ["rtn-asym", "gptq-act-order"])
+def test_int4_matches_reference(kind, n, k):
+    _check(kind, n, k, MS, bias=kind == "rtn-asym")
+
+
+@pytest.mark.parametrize("n,k", GGUF_SHAPES)
+@pytest.mark.parametrize("kind", ["gguf-q4k", "gguf-q6k", "gguf-q8"])
+def test_gguf_matches_reference(kind, n, k):
+    _check(kind, n, k, MS[:3] + MS[-1:], bias=True)

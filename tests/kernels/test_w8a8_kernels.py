@@ -1,0 +1,216 @@
+"""The GPU W8A8 matmuls against dequantize-then-matmul in float64, on the same 8-bit codes.
+
+fp8 / int8 per channel: the skinny Triton W8A8 GEMM for M <= 16, else `torch._scaled_mm` with row-wise
+scales / `torch._int_mm` then the scales (also checked at M <= 16, zero rows padded for `_int_mm`); fp8
+128x128 blocks: the Triton block-scaled GEMM. Shapes: every linear layer of qwen2.5-7b and -14b, M from 1
+(decode) to 4096 (a prefill chunk), bf16 activations with a bias. The only difference allowed is
+accumulation order and the bf16 output's rounding.
+Under TRITON_INTERPRET=1 (no GPU) the Triton kernels run on small shapes on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from qwick.layers.linear import Linear
+from qwick.quantization.w8a8 import (
+    FP8_DTYPE,
+    W8A8LinearMethod,
+    quantize_per_token,
+    quantize_per_token_group,
+    quantize_weight_blockwise,
+)
+
+pytestmark = pytest.mark.gpu
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+# (N, K): qwen2.5-7b qkv, o, gate_up, down; qwen2.5-14b qkv, o, gate_up, down
+SHAPES = [
+    (4608, 3584),
+    (3584, 3584),
+    (37888, 3584),
+    (3584, 18944),
+    (7168, 5120),
+    (5120, 5120),
+    (27648, 5120),
+    (5120, 13824),
+]
+MS = [1, 2, 7, 16, 17, 64, 256, 1024, 4096]
+MODES = {
+    "fp8": dict(qdtype=FP8_DTYPE, checkpoint=False),
+    "int8": dict(qdtype=torch.int8, checkpoint=False),
+    "fp8-block": dict(qdtype=FP8_DTYPE, checkpoint=True, block=(128, 128), scale_name="weight_scale_inv"),
+}
+_layers: dict[tuple, Linear] = {}
+
+
+def _cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return torch.device("cuda")
+
+
+def _layer(mode: str, n: int, k: int, device: torch.device) -> Linear:
+    key = (mode, n, k)
+    if key not in _layers:
+        if len(_layers) >= 4:
+            _layers.clear()
+        method = W8A8LinearMethod(**MODES[mode])
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device(device):
+                layer = Linear(k, n, bias=True, method=method)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        gen = torch.Generator(device=device).manual_seed(n + k)
+        w = torch.randn(n, k, generator=gen, device=device) * 0.02
+        w[:, 7] *= 20  # an outlier column, as real activations/weights have
+        method.load_dense(layer, w)
+        layer.bias.data.normal_(0, 0.1, generator=gen)
+        method.process_weights_after_loading(layer)
+        _layers[key] = layer
+    return _layers[key]
+
+
+def _expected(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    method = layer.method
+    if method.block is None:
+        xq, xs = quantize_per_token(x, method.qdtype)
+        x_deq = xq.double() * xs.double()
+    else:
+        bk = method.block[1]
+        xq, xs = quantize_per_token_group(x, method.qdtype, bk)
+        x_deq = xq.double() * xs.double().repeat_interleave(bk, dim=1)[:, : x.shape[1]]
+    return x_deq @ method.dense_weight(layer).double().T + layer.bias.double()
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", MS)
+def test_gpu_w8a8_matches_dequantized_float64(mode, n, k, m):
+    device = _cuda()
+    layer = _layer(mode, n, k, device)
+    x = torch.randn(m, k, device=device, generator=torch.Generator(device=device).manual_seed(m))
+    x = (x * torch.linspace(0.1, 3, k, device=device)).to(torch.bfloat16)
+    y = layer(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    assert torch.isfinite(y).all()
+    ref = _expected(layer, x)
+    rel = ((y.double() - ref).norm() / ref.norm()).item()
+    assert rel < 5e-3, f"relative error {rel:.2e}"  # bf16 output and bias rounding: ~2e-3
+    worst = ((y.double() - ref).abs() / (ref.abs() + ref.abs().mean())).max().item()
+    assert worst < 2e-2, f"worst element error {worst:.2e}"
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+@pytest.mark.parametrize("n,k", SHAPES[:4])
+@pytest.mark.parametrize("m", [1, 7, 16])
+def test_gpu_cublas_paths_at_decode_sizes(mode, n, k, m, monkeypatch):
+    """With the skinny kernel off, decode-sized inputs go through `_scaled_mm` / padded `_int_mm`."""
+    monkeypatch.setattr(W8A8LinearMethod, "skinny_gemm", False)
+    test_gpu_w8a8_matches_dequantized_float64(mode, n, k, m)
+
+
+def test_gpu_paths_are_the_fast_ones(monkeypatch):
+    """The CUDA paths do not fall back to the reference at these shapes."""
+    device = _cuda()
+    for mode in MODES:
+        layer = _layer(mode, 4608, 3584, device)
+        monkeypatch.setattr(layer.method, "apply_reference", lambda *a, m=mode: pytest.fail(f"{m} fell back"))
+        layer(torch.randn(3, 3584, device=device, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("m", [1, 5, 33])
+@pytest.mark.parametrize("n,k", [(256, 384), (200, 320)])
+def test_block_kernel(m, n, k):
+    """The Triton kernel alone; partial blocks along N and K (200 = 128 + 72, 320 = 2.5 x 128)."""
+    if not INTERPRET:
+        _cuda()
+    from qwick.kernels.w8a8 import block_scaled_mm
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator(device=device).manual_seed(0)
+    w = torch.randn(n, k, generator=gen, device=device) * 0.02
+    wq, ws = quantize_weight_blockwise(w, FP8_DTYPE, (128, 128))
+    x = torch.randn(m, k, generator=gen, device=device)
+    xq, xs = quantize_per_token_group(x, FP8_DTYPE, 128)
+    y = block_scaled_mm(xq, xs, wq, ws, (128, 128), torch.float32)
+    x_deq = xq.double() * xs.double().repeat_interleave(128, dim=1)[:, :k]
+    w_deq = wq.double() * ws.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    torch.testing.assert_close(y.double(), x_deq @ w_deq.T, rtol=1e-5, atol=1e-5)
+
+
+GEMV_SHAPES = [(96, 512), (40, 1100)] if INTERPRET else SHAPES
+
+
+def _cpu_workspace():
+    from qwick.kernels.gemv import GemvWorkspace
+
+    ws = GemvWorkspace.__new__(GemvWorkspace)
+    ws.partials = torch.empty(1 << 20, dtype=torch.float32)
+    ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
+    ws.num_sms = 4
+    ws.configs = {}
+    return ws
+
+
+@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
+@pytest.mark.parametrize("n,k", GEMV_SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_w8a8_gemv(qdtype, n, k, m):
+    """The skinny W8A8 kernel: default and forced split-K launch shapes, bias, a second call (the split-K
+    counters reset themselves)."""
+    from qwick.kernels.gemv import GemvConfig, GemvWorkspace, default_config
+    from qwick.kernels.w8a8 import w8a8_gemv
+    from qwick.quantization.w8a8 import quantize_weight_per_channel
+
+    if INTERPRET:
+        dev, out_dtype, tol = torch.device("cpu"), torch.float32, 1e-5
+        ws = _cpu_workspace()
+    else:
+        dev, out_dtype, tol = _cuda(), torch.bfloat16, 5e-3
+        ws = GemvWorkspace(dev, max_elems=1 << 24)
+    gen = torch.Generator(device=dev).manual_seed(n * k + m)
+    wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev), qdtype)
+    bias = torch.randn(n, generator=gen, device=dev).to(out_dtype)
+    for cfg in (default_config(m, n, k, ws.num_sms), GemvConfig(16, 128, 1), GemvConfig(32, 256, 4)):
+        for _ in range(2):
+            xq, xs = quantize_per_token(torch.randn(m, k, generator=gen, device=dev), qdtype)
+            y = w8a8_gemv(xq, xs, wq, wscale, bias, out_dtype, ws, cfg)
+            ref = (xq.double() * xs.double()) @ (wq.double() * wscale.double()).T + bias.double()
+            assert y.dtype == out_dtype and torch.isfinite(y).all()
+            assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
+    assert int(ws.counters.abs().sum()) == 0
+
+
+QUANT_SHAPES = [(1, 300), (5, 2100)] if INTERPRET else [(1, 3584), (5, 300), (33, 18944)]
+
+
+@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
+@pytest.mark.parametrize("group", [None, 128])
+@pytest.mark.parametrize("m,k", QUANT_SHAPES)
+def test_quantize_rows_is_bit_identical_to_torch(qdtype, group, m, k):
+    """The fused activation quantization gives the torch reference's codes and scales bit for bit, ties
+    (x / scale exactly between two integers) included."""
+    from qwick.kernels.w8a8 import quantize_rows
+    from qwick.quantization.w8a8 import _MIN_AMAX, qmax
+
+    if INTERPRET and qdtype == FP8_DTYPE:
+        pytest.skip("the interpreter's fp32 -> fp8 conversion is wrong near powers of two (127.9 -> 64)")
+    dev = torch.device("cpu") if INTERPRET else _cuda()
+    x = torch.randn(m, k, generator=torch.Generator(device=dev).manual_seed(k), device=dev) * 10
+    x[0, 0] = 127.0  # absmax 127: the int8 scale is 1, and these are exact ties
+    x[0, 1:6] = torch.tensor([0.5, 1.5, 2.5, -1.5, 0.0])
+    x = x.to(torch.bfloat16)
+    if m > 1:
+        x[1] = 0.0  # an all-zero row
+    q, s = quantize_rows(x, qdtype, qmax(qdtype), _MIN_AMAX, group)
+    if group is None:
+        q_ref, s_ref = quantize_per_token(x, qdtype)
+    else:
+        q_ref, s_ref = quantize_per_token_group(x, qdtype, group)
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))

@@ -1,0 +1,175 @@
+"""The W8A8 linear method on its own: quantization error bounds, the reference matmul against an explicit
+dequantize-then-matmul in float64, loading scales into packed shards, on-the-fly quantization's memory,
+dummy weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwick.layers.linear import Linear
+from qwick.quantization.w8a8 import (
+    FP8_DTYPE,
+    W8A8LinearMethod,
+    expand_block_scales,
+    quantize_per_token,
+    quantize_per_token_group,
+    quantize_weight_blockwise,
+    quantize_weight_per_channel,
+)
+
+QDTYPES = [FP8_DTYPE, torch.int8]
+
+
+def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[3, 5] = 1.5  # an outlier: its row's scale is large, the rest of the row lands in small codes
+    w[7] = 0.0  # an all-zero row
+    return w
+
+
+def _bound(w: torch.Tensor, scale: torch.Tensor, qdtype: torch.dtype) -> torch.Tensor:
+    """Largest rounding error of symmetric absmax quantization, per element.
+
+    int8: half a step. fp8 e4m3: half an ulp, 2^-4 of the value for normal codes (3 mantissa bits), and half
+    the subnormal spacing 2^-9 (in units of the scale) below 2^-6.
+    """
+    if qdtype == torch.int8:
+        return scale * 0.5 * (1 + 1e-6)
+    return torch.maximum(w.abs() * 2**-4, scale * 2**-10) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_per_channel_weight_error_bound(qdtype):
+    w = _weight(64, 96)
+    q, s = quantize_weight_per_channel(w, qdtype)
+    assert q.dtype == qdtype and s.shape == (64, 1) and s.dtype == torch.float32
+    assert (q[7].float() == 0).all() and torch.isfinite(s).all()
+    err = (q.float() * s - w).abs()
+    assert (err <= _bound(w, s, qdtype)).all()
+    assert q.float().abs().amax(dim=1)[:7].min() >= (127 if qdtype == torch.int8 else 448)  # absmax hits qmax
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_per_token_and_group_activation_error_bound(qdtype):
+    x = _weight(9, 300, seed=1) * 40
+    q, s = quantize_per_token(x, qdtype)
+    assert s.shape == (9, 1)
+    assert ((q.float() * s - x).abs() <= _bound(x, s, qdtype)).all()
+    q, s = quantize_per_token_group(x, qdtype, 128)  # 300 = 128 + 128 + 44
+    assert s.shape == (9, 3) and q.shape == (9, 300)
+    full = s.repeat_interleave(128, dim=1)[:, :300]
+    assert ((q.float() * full - x).abs() <= _bound(x, full, qdtype)).all()
+    assert full[3, 0] != full[3, 200]  # each group has its own scale
+
+
+def test_block_weight_error_bound():
+    w = _weight(300, 200)
+    q, s = quantize_weight_blockwise(w, FP8_DTYPE, (128, 128))
+    assert s.shape == (3, 2)
+    full = expand_block_scales(s, (300, 200), (128, 128))
+    assert ((q.float() * full - w).abs() <= _bound(w, full, FP8_DTYPE)).all()
+    assert s[0, 0] == w[:128, :128].abs().max() / 448
+
+
+def _layer(method: W8A8LinearMethod, n: int, k: int, bias: bool, dtype=torch.float32) -> Linear:
+    torch.set_default_dtype(dtype)
+    try:
+        layer = Linear(k, [n - 32, 32], bias=bias, method=method)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    w = _weight(n, k)
+    method.load_dense(layer, w)
+    if bias:
+        layer.bias.data.copy_(torch.linspace(-1, 1, n))
+    method.process_weights_after_loading(layer)
+    return layer
+
+
+def _fake_quant(x: torch.Tensor, qdtype: torch.dtype, group: int | None) -> torch.Tensor:
+    if group is None:
+        q, s = quantize_per_token(x, qdtype)
+        return q.double() * s.double()
+    q, s = quantize_per_token_group(x, qdtype, group)
+    return q.double() * s.double().repeat_interleave(group, dim=1)[:, : x.shape[1]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 7])
+@pytest.mark.parametrize(
+    "qdtype,block,checkpoint",
+    [(FP8_DTYPE, None, False), (torch.int8, None, False), (FP8_DTYPE, (128, 128), True)],
+)
+def test_reference_is_dequantize_then_matmul(qdtype, block, checkpoint, m, dtype):
+    n, k = 256 + 32, 320
+    method = W8A8LinearMethod(qdtype, checkpoint=checkpoint, block=block)
+    layer = _layer(method, n, k, bias=True, dtype=dtype)
+    x = (torch.randn(m, k, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+    y = layer(x)
+    assert y.dtype == dtype and y.shape == (m, n)
+    expected = _fake_quant(x, qdtype, block[1] if block else None) @ method.dense_weight(layer).double().T
+    expected += layer.bias.double()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output rounding (and the product's)
+    err = ((y.double() - expected).norm() / expected.norm()).item()
+    assert err < tol
+
+
+def test_on_the_fly_keeps_no_plain_copy():
+    method = W8A8LinearMethod(FP8_DTYPE, checkpoint=False)
+    layer = Linear(96, [32, 32], method=method)
+    assert layer.weight.dtype == torch.float32  # plain while the checkpoint loads
+    layer.load_shard("weight", _weight(32, 96), 0)
+    layer.load_shard("weight", _weight(32, 96, seed=3), 1)
+    method.process_weights_after_loading(layer)
+    assert layer.weight.dtype == FP8_DTYPE and layer.weight_scale.shape == (64, 1)
+    assert layer.weight.untyped_storage().nbytes() == 64 * 96  # one byte per weight, nothing kept beside it
+    assert {n for n, _ in layer.named_parameters()} == {"weight", "weight_scale"}
+
+
+def test_scales_load_into_their_shards():
+    method = W8A8LinearMethod(torch.int8, checkpoint=True)
+    layer = Linear(16, [8, 4, 4], method=method)
+    assert layer.weight.dtype == torch.int8 and layer.weight_scale.shape == (16, 1)
+    layer.load_shard("weight_scale", torch.full((8, 1), 2.0, dtype=torch.bfloat16), 0)
+    layer.load_shard("weight_scale", torch.tensor(3.0), 1)  # per tensor: fills the shard's rows
+    layer.load_shard("weight_scale", torch.full((4,), 4.0), 2)  # [N] instead of [N, 1]
+    assert layer.weight_scale.squeeze(1).tolist() == [2.0] * 8 + [3.0] * 4 + [4.0] * 4
+    assert layer.method.load_extra(layer, "input_scale", torch.tensor(0.1), 0)  # static scales: unused
+    layer.load_shard("weight_zero_point", torch.zeros(4, 1, dtype=torch.int8), 1)
+    with pytest.raises(ValueError, match="asymmetric"):
+        layer.load_shard("weight_zero_point", torch.ones(4, 1, dtype=torch.int8), 1)
+    with pytest.raises(ValueError, match="bfloat16 but the model stores it as torch.int8"):
+        layer.load_shard("weight", torch.zeros(8, 16, dtype=torch.bfloat16), 0)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        layer.load_shard("weight_scale", torch.ones(5, 1), 0)
+
+
+def test_block_scales_load_by_row_blocks():
+    method = W8A8LinearMethod(FP8_DTYPE, checkpoint=True, block=(128, 128), scale_name="weight_scale_inv")
+    layer = Linear(200, [256, 128, 128], method=method)
+    assert layer.weight_scale_inv.shape == (4, 2)
+    for shard, rows in enumerate((2, 1, 1)):
+        layer.load_shard("weight_scale_inv", torch.full((rows, 2), float(shard + 1)), shard)
+    assert layer.weight_scale_inv[:, 0].tolist() == [1.0, 1.0, 2.0, 3.0]
+    misaligned = Linear(200, [64, 64], method=W8A8LinearMethod(FP8_DTYPE, checkpoint=True, block=(128, 128)))
+    with pytest.raises(ValueError, match="whole blocks"):
+        misaligned.load_shard("weight_scale", torch.ones(1, 2), 1)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("m", [1, 16, 17, 40])
+def test_cuda_path_logic_on_cpu(qdtype, m):
+    """The CUDA path's calls (`_scaled_mm` row-wise scales and W transposed, `_int_mm` with zero-row padding
+    below 17 rows) run on CPU builds of torch too: same function as the reference, up to the bf16 output.
+    The GPU kernels themselves are checked in tests/kernels/test_w8a8_kernels.py."""
+    method = W8A8LinearMethod(qdtype, checkpoint=False)
+    layer = _layer(method, 288, 320, bias=True, dtype=torch.bfloat16)
+    x = (torch.randn(m, 320, generator=torch.Generator().manual_seed(4)) * 3).to(torch.bfloat16)
+    try:
+        y = method._apply_cuda(layer, x)
+    except (RuntimeError, NotImplementedError) as e:  # a CPU build without these kernels
+        pytest.skip(f"this torch has no CPU {qdtype} GEMM: {e}")
+    ref = method.apply_reference(layer, x.float())
+    assert y.dtype == torch.bfloat16 and y.shape == (m, 288)
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 5e-3
