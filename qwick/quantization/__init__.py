@@ -17,6 +17,8 @@ QUANTIZATION_METHODS: dict[str, str] = {
     "fp8": "qwick.quantization.fp8:Fp8Config",
     "int8": "qwick.quantization.int8:Int8Config",
     "compressed-tensors": "qwick.quantization.compressed_tensors:CompressedTensorsConfig",
+    "awq": "qwick.quantization.awq:AwqConfig",
+    "gptq": "qwick.quantization.gptq:GptqConfig",
 }
 
 

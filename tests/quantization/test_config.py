@@ -122,7 +122,9 @@ def test_unsupported_checkpoints_say_what_they_are(qc, message):
 def test_engine_config_names():
     assert EngineConfig(quantization="fp8").quantization == "fp8"
     assert EngineConfig(quantization="none").quantization is None
-    with pytest.raises(ValueError, match="unknown quantization 'fp4'.*compressed-tensors, fp8, int8"):
+    with pytest.raises(
+        ValueError, match="unknown quantization 'fp4'.*awq, compressed-tensors, fp8, gptq, int8"
+    ):
         EngineConfig(quantization="fp4")
 
 
