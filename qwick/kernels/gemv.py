@@ -177,6 +177,20 @@ class GemvWorkspace:
         return cfg
 
 
+_SHARED_WORKSPACES: dict[torch.device, GemvWorkspace] = {}
+
+
+def shared_workspace(device: torch.device) -> GemvWorkspace:
+    """The one split-K scratch of a GPU, shared by every skinny matmul on it (bf16, W8A8, W4A16): calls on
+    one stream never overlap, and the self-resetting counters need no per-user state. Made when weights are
+    processed, before CUDA-graph capture, never inside it."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    device = torch.device(device.type, index)
+    if device not in _SHARED_WORKSPACES:
+        _SHARED_WORKSPACES[device] = GemvWorkspace(device)
+    return _SHARED_WORKSPACES[device]
+
+
 def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,

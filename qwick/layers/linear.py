@@ -84,17 +84,17 @@ class CudaLinearMethod(LinearMethod):
     """
 
     def __init__(self, device: torch.device) -> None:
-        from qwick.kernels.gemv import GemvWorkspace
+        from qwick.kernels import gemv  # Triton: imported only on CUDA machines, once
 
-        self.workspace = GemvWorkspace(device)
+        self.workspace = gemv.shared_workspace(device)
+        self._gemv = gemv.gemv
+        self._max_m = gemv.MAX_M
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        from qwick.kernels.gemv import MAX_M, gemv
-
-        if x.dim() == 2 and 0 < x.shape[0] <= MAX_M and x.dtype in (torch.bfloat16, torch.float16):
+        if x.dim() == 2 and 0 < x.shape[0] <= self._max_m and x.dtype in (torch.bfloat16, torch.float16):
             if x.stride(-1) != 1:
                 x = x.contiguous()
-            return gemv(x, weight, bias, self.workspace)
+            return self._gemv(x, weight, bias, self.workspace)
         return F.linear(x, weight, bias)
 
 

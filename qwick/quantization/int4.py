@@ -146,9 +146,9 @@ class Int4LinearMethod(LinearMethod):
         self.bits = qw.bits
         self.internal_group_size = qw.group_size
         if layer.weight.device.type == "cuda":
-            from qwick.quantization.w8a8 import _gemv_workspace
+            from qwick.kernels.gemv import shared_workspace
 
-            self.workspace = _gemv_workspace(layer.weight.device)
+            self.workspace = shared_workspace(layer.weight.device)
 
     def quantized_weight(self, layer: Linear) -> QuantizedWeight:
         return QuantizedWeight(

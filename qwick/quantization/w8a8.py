@@ -92,20 +92,6 @@ def expand_block_scales(scale: torch.Tensor, shape: tuple[int, int], block: tupl
     return scale.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
 
 
-_GEMV_WORKSPACES: dict[tuple[str, int | None], object] = {}
-
-
-def _gemv_workspace(device: torch.device):
-    """One split-K scratch per GPU for every W8A8 layer (calls on one stream never overlap), made when the
-    weights are processed: before CUDA-graph capture, never inside it."""
-    key = (device.type, device.index)
-    if key not in _GEMV_WORKSPACES:
-        from qwick.kernels.gemv import GemvWorkspace
-
-        _GEMV_WORKSPACES[key] = GemvWorkspace(device)
-    return _GEMV_WORKSPACES[key]
-
-
 class W8A8LinearMethod(LinearMethod):
     """8-bit weights (per-channel or block scales) times activations quantized per token on the fly.
 
@@ -194,7 +180,9 @@ class W8A8LinearMethod(LinearMethod):
             layer.weight = nn.Parameter(q, requires_grad=False)  # drops the plain copy
             layer.register_parameter(self.scale_name, nn.Parameter(s, requires_grad=False))
         if layer.weight.device.type == "cuda" and self.block is None and self.quantize_activations:
-            self.workspace = _gemv_workspace(layer.weight.device)
+            from qwick.kernels.gemv import shared_workspace  # Triton: CUDA machines only
+
+            self.workspace = shared_workspace(layer.weight.device)
 
     def dense_weight(self, layer: Linear) -> torch.Tensor:
         """The dequantized weight [N, K] in fp32 (exports to transformers, the reference path)."""
