@@ -23,10 +23,11 @@ import triton.language as tl
 MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one variant for every batch size: none compiles mid-serving
 def _gemv_kernel(
     x_ptr,
     w_ptr,
+    s_ptr,
     b_ptr,
     y_ptr,
     ws_ptr,
@@ -37,6 +38,7 @@ def _gemv_kernel(
     stride_xm,
     stride_wn,
     stride_ym,
+    HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -66,7 +68,9 @@ def _gemv_kernel(
             k_ok = kk < k_end
             w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)  # 8-bit codes -> x's dtype (exact)
+    if HAS_SCALE:  # per-output-channel scales of 8-bit weights
+        acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
     _gemv_epilogue(
         acc,
         b_ptr,
@@ -140,13 +144,17 @@ class GemvConfig:
     num_stages: int = 4
 
 
-def default_config(m: int, n: int, k: int, num_sms: int) -> GemvConfig:
+def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2) -> GemvConfig:
     """The launch shape for an [m, k] x [n, k]^T product, from a sweep on the H200 (benchmarks/gemv_sweep.py).
 
     The landscape is flat (the best of 48 shapes within 1-3% of these picks, on every qwen2.5-7b and -14b
     layer shape at M = 1..16): wide outputs stream 32-64 rows per program over the whole K; narrow outputs
     (a 3584-5120 hidden size) with a long K split it 4 ways so that enough programs stream at once.
+    1-byte (fp8 / int8) weights take tiles twice as deep, so that each load moves the same bytes.
     """
+    if w_bytes == 1:
+        cfg = default_config(m, n, k, num_sms)
+        return GemvConfig(cfg.block_n, cfg.block_k * 2, cfg.split_k, cfg.num_warps, cfg.num_stages)
     if n >= 65536:  # LM heads
         return GemvConfig(64, 256, 1, num_stages=3)
     if n >= 16384:  # gate/up projections
@@ -167,13 +175,13 @@ class GemvWorkspace:
         self.partials = torch.empty(max_elems, dtype=torch.float32, device=device)
         self.counters = torch.zeros(max_tiles, dtype=torch.int32, device=device)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.configs: dict[tuple[int, int, int], GemvConfig] = {}
+        self.configs: dict[tuple[int, int, int, int], GemvConfig] = {}
 
-    def config_for(self, m: int, n: int, k: int) -> GemvConfig:
-        key = (triton.next_power_of_2(m), n, k)
+    def config_for(self, m: int, n: int, k: int, w_bytes: int = 2) -> GemvConfig:
+        key = (triton.next_power_of_2(m), n, k, w_bytes)
         cfg = self.configs.get(key)
         if cfg is None:
-            cfg = self.configs[key] = default_config(key[0], n, k, self.num_sms)
+            cfg = self.configs[key] = default_config(key[0], n, k, self.num_sms, w_bytes)
         return cfg
 
 
@@ -197,15 +205,22 @@ def gemv(
     bias: torch.Tensor | None,
     ws: GemvWorkspace,
     config: GemvConfig | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`x @ weight.T + bias` for x [M <= 16, K] (unit stride along K), weight [N, K] contiguous."""
+    """`x @ weight.T + bias` for x [M <= 16, K] (unit stride along K), weight [N, K] contiguous.
+
+    `weight_scale` (fp32, one per output channel): `weight` holds fp8 / int8 codes, and the result is
+    `(x @ codes.T) * weight_scale.T + bias`. This is W8A16: at decode sizes reading the 8-bit weights is
+    the whole cost, and leaving the activations unquantized saves a quantization launch per layer."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= MAX_M and weight.shape[1] == k and x.stride(1) == 1 and weight.stride(1) == 1
+    assert (weight_scale is None) == (weight.dtype == x.dtype), "8-bit weights need their scales"
+    assert weight_scale is None or weight_scale.numel() == n
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    cfg = config or ws.config_for(m, n, k)
+    cfg = config or ws.config_for(m, n, k, weight.element_size())
     tiles = triton.cdiv(n, cfg.block_n)
     if cfg.split_k > 1 and (cfg.split_k * MAX_M * n > ws.partials.numel() or tiles > ws.counters.numel()):
         raise ValueError(f"split-K workspace too small for {cfg} at N={n}")
@@ -213,6 +228,7 @@ def gemv(
     _gemv_kernel[(tiles, cfg.split_k)](
         x,
         weight,
+        weight_scale if weight_scale is not None else weight,
         bias if bias is not None else weight,
         y,
         ws.partials,
@@ -223,6 +239,7 @@ def gemv(
         x.stride(0),
         weight.stride(0),
         y.stride(0),
+        HAS_SCALE=weight_scale is not None,
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k,
         BLOCK_M=MAX_M,

@@ -10,12 +10,12 @@ an fp8 tensor-core dot in fp32, scaled by the two groups' scales, added to the a
 torch's own block-scaled `scaled_mm` (cuBLAS, Hopper) wants scale layouts this does not need to match.
 
 Activation quantization: one launch per matmul (instead of ~8 elementwise torch ops), bit-identical to
-`qwick.quantization.w8a8.quantize_per_token` / `quantize_per_token_group` (IEEE divisions, round half to
-even, saturate, round-to-nearest casts), so every path quantizes activations the same way.
+`qwick.quantization.w8a8.quantize_per_token` / `quantize_per_token_group` (scale = absmax * fp32(1 / qmax),
+IEEE division by it, round half to even, saturate, round-to-nearest casts), so every path quantizes
+activations the same way.
 
-Skinny W8A8 GEMM (decode, M <= 16, per-token x scales and per-channel W scales): `qwick.kernels.gemv`'s
-split-K weight streaming on 8-bit codes (half the bytes of bf16), `y = (xq . wq) * xs[m] * ws[n] + b`.
-The scales are linear, so each split scales its partial sum before the shared split-K epilogue adds them.
+Decode-sized matmuls (M <= 16) with per-channel scales do not come here: `qwick.kernels.gemv` streams the
+8-bit codes against the unquantized activations (W8A16).
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from qwick.kernels.gemv import MAX_M, GemvConfig, GemvWorkspace, _gemv_epilogue
 
 
 @triton.jit
@@ -65,7 +63,9 @@ def _block_scaled_mm_kernel(
         w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         xs = tl.load(xs_ptrs + kb, mask=m_ok, other=0.0)
         ws = tl.load(ws_ptrs + kb, mask=n_ok, other=0.0)
-        acc += tl.dot(x, w) * xs[:, None] * ws[None, :]
+        # max_num_imprecise_acc=0: Hopper's fp8 tensor-core accumulation is otherwise reduced-precision
+        # (Triton's sm_90 default), off by up to ~5% on single elements at these depths.
+        acc += tl.dot(x, w, max_num_imprecise_acc=0) * xs[:, None] * ws[None, :]
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
@@ -120,129 +120,6 @@ def block_scaled_mm(
 
 
 @triton.jit
-def _w8a8_gemv_kernel(
-    x_ptr,
-    xs_ptr,
-    w_ptr,
-    wscale_ptr,
-    b_ptr,
-    y_ptr,
-    ws_ptr,
-    counter_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_ym,
-    HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    ACC_DTYPE: tl.constexpr,  # int32 for int8 codes, float32 for fp8
-):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    n_ok = rn < N
-    m_ok = rm < M
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
-    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-    x_rows = x_ptr + rm[:, None] * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
-    for k in range(k_start, k_end, BLOCK_K):
-        kk = k + rk
-        if EVEN_K:
-            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
-            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
-        else:
-            k_ok = kk < k_end
-            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
-    xs = tl.load(xs_ptr + rm, mask=m_ok, other=0.0)
-    wscale = tl.load(wscale_ptr + rn, mask=n_ok, other=0.0)
-    scaled = acc.to(tl.float32) * xs[:, None] * wscale[None, :]
-    _gemv_epilogue(
-        scaled,
-        b_ptr,
-        y_ptr,
-        ws_ptr,
-        counter_ptr,
-        rm,
-        rn,
-        m_ok,
-        n_ok,
-        pid_n,
-        pid_k,
-        N,
-        stride_ym,
-        HAS_BIAS,
-        SPLIT_K,
-        BLOCK_M,
-        BLOCK_N,
-    )
-
-
-def w8a8_gemv(
-    xq: torch.Tensor,
-    xs: torch.Tensor,
-    wq: torch.Tensor,
-    wscale: torch.Tensor,
-    bias: torch.Tensor | None,
-    out_dtype: torch.dtype,
-    ws: GemvWorkspace,
-    config: GemvConfig | None = None,
-) -> torch.Tensor:
-    """`(xq . wq^T) * xs * wscale^T + bias` for xq [M <= 16, K] and wq [N, K] (both fp8 or both int8, K
-    contiguous), xs [M, 1] and wscale [N, 1] fp32."""
-    m, k = xq.shape
-    n = wq.shape[0]
-    assert m <= MAX_M and wq.shape[1] == k and xq.stride(1) == 1 and wq.stride(1) == 1
-    assert xq.dtype == wq.dtype and xs.numel() == m and wscale.numel() == n
-    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    if m == 0:
-        return y
-    cfg = config or ws.config_for(m, n, k)
-    tiles = triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1 and (cfg.split_k * MAX_M * n > ws.partials.numel() or tiles > ws.counters.numel()):
-        raise ValueError(f"split-K workspace too small for {cfg} at N={n}")
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    _w8a8_gemv_kernel[(tiles, cfg.split_k)](
-        xq,
-        xs,
-        wq,
-        wscale,
-        bias if bias is not None else wscale,
-        y,
-        ws.partials,
-        ws.counters,
-        m,
-        n,
-        k,
-        xq.stride(0),
-        wq.stride(0),
-        y.stride(0),
-        HAS_BIAS=bias is not None,
-        SPLIT_K=cfg.split_k,
-        BLOCK_M=MAX_M,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        EVEN_K=k % k_per_split == 0 and k_per_split % cfg.block_k == 0,
-        ACC_DTYPE=tl.int32 if xq.dtype == torch.int8 else tl.float32,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    return y
-
-
-@triton.jit
 def _quantize_rows_kernel(
     x_ptr,
     q_ptr,
@@ -253,11 +130,12 @@ def _quantize_rows_kernel(
     stride_qm,
     stride_sm,
     QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
     MIN_AMAX: tl.constexpr,
     IS_INT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """One program per (row, group of GROUP columns): absmax, scale = absmax / QMAX, codes = x / scale."""
+    """One program per (row, group of GROUP columns): scale = absmax * (1 / QMAX), codes = x / scale."""
     row = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * GROUP
     end = tl.minimum(start + GROUP, K)
@@ -268,7 +146,7 @@ def _quantize_rows_kernel(
         offs = k + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < end, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), MIN_AMAX), QMAX)
+    scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX  # as torch's `amax / qmax` on CUDA
     tl.store(s_ptr + row * stride_sm + tl.program_id(1), scale)
     for k in range(start, end, BLOCK):
         offs = k + tl.arange(0, BLOCK)
@@ -281,6 +159,11 @@ def _quantize_rows_kernel(
             q = tl.where(tie_to_odd, r - 1.0, r)
         q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
         tl.store(q_row + offs, q.to(q_ptr.dtype.element_ty), mask=ok)
+
+
+def inv_qmax(qmax: float) -> float:
+    """fp32(1 / qmax) as a Python float: the factor torch's CUDA `tensor / qmax` multiplies by."""
+    return float(torch.tensor(1.0, dtype=torch.float32) / qmax)
 
 
 def quantize_rows(
@@ -304,6 +187,7 @@ def quantize_rows(
         q.stride(0),
         s.stride(0),
         QMAX=qmax,
+        INV_QMAX=inv_qmax(qmax),
         MIN_AMAX=min_amax,
         IS_INT=qdtype == torch.int8,
         BLOCK=min(1024, triton.next_power_of_2(k if group is None else group)),

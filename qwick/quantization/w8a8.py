@@ -8,15 +8,17 @@ per token (per-channel weights), or per token and `block_k`-wide group of K (blo
 DeepSeek/Qwen block recipe does. A checkpoint's static activation scales (`input_scale`) are not used:
 per-token dynamic scales are at least as accurate and need no calibration.
 
-Every device computes the same function:
+What each path computes:
     y = dequant(quant(x)) @ dequant(W).T + b
 - the reference path (CPUs, odd shapes): dequantize, then a plain matmul. With per-token x scales and
   per-channel W scales the scales factor out of each dot product, so the matmul runs on the 8-bit codes
   (exact in bf16/fp16/fp32) in the activation dtype and the scales are applied after;
-- CUDA: for decode-sized inputs (M <= 16), a skinny Triton GEMM that streams the 8-bit codes (split-K,
-  as `qwick.kernels.gemv` does for bf16); otherwise `torch._scaled_mm` with row-wise scales (fp8),
-  `torch._int_mm` then the scales (int8); block fp8 through a Triton block-scaled GEMM; activations
-  quantized by one fused Triton kernel, bit-identical to the torch ops here (`qwick.kernels.w8a8`).
+- CUDA: `torch._scaled_mm` with row-wise scales (fp8), `torch._int_mm` then the scales (int8), block fp8
+  through a Triton block-scaled GEMM; activations quantized by one fused Triton kernel, bit-identical to
+  the torch ops here (`qwick.kernels.w8a8`);
+- CUDA, decode-sized inputs (M <= 16) with per-channel scales: `x @ dequant(W).T + b` instead (W8A16), by the
+  skinny split-K GEMM of `qwick.kernels.gemv` streaming the 8-bit codes. A decode step is bound by reading
+  the weights, so quantizing the activations there would only add a launch per layer (and error).
 
 On-the-fly ("quantization='fp8'" on a bf16 checkpoint): the layer holds a plain weight while loading, and
 `process_weights_after_loading` replaces it with codes and per-channel absmax scales (the bf16 copy is freed).
@@ -33,6 +35,9 @@ from qwick.layers.linear import Linear, LinearMethod, linear
 FP8_DTYPE = torch.float8_e4m3fn
 _QMAX = {FP8_DTYPE: 448.0, torch.int8: 127.0}
 _MIN_AMAX = 1e-10  # an all-zero row gets a tiny scale (codes 0) instead of a division by zero
+# Scales are absmax * fp32(1 / qmax): what torch's `absmax / qmax` computes on CUDA (a multiplication by the
+# reciprocal), and what the Triton quantization kernel computes, so CPU, GPU and kernel agree bit for bit.
+_INV_QMAX = {dtype: float(torch.tensor(1.0, dtype=torch.float32) / q) for dtype, q in _QMAX.items()}
 
 
 def qmax(qdtype: torch.dtype) -> float:
@@ -51,7 +56,7 @@ def _to_codes(x: torch.Tensor, scale: torch.Tensor, qdtype: torch.dtype) -> torc
 def quantize_per_token(x: torch.Tensor, qdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> codes [M, K] and fp32 scales [M, 1] (absmax / qmax per row)."""
     xf = x.float()
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=_MIN_AMAX) / _QMAX[qdtype]
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=_MIN_AMAX) * _INV_QMAX[qdtype]
     return _to_codes(xf, scale, qdtype), scale
 
 
@@ -62,7 +67,7 @@ def quantize_per_token_group(
     m, k = x.shape
     groups = -(-k // group)
     xf = F.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=_MIN_AMAX) / _QMAX[qdtype]
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=_MIN_AMAX) * _INV_QMAX[qdtype]
     q = _to_codes(xf, scale, qdtype).view(m, groups * group)[:, :k]
     return q.contiguous(), scale.squeeze(-1)
 
@@ -80,7 +85,7 @@ def quantize_weight_blockwise(
     bn, bk = block
     nb, kb = -(-n // bn), -(-k // bk)
     wf = F.pad(w.float(), (0, kb * bk - k, 0, nb * bn - n)).view(nb, bn, kb, bk)
-    scale = wf.abs().amax(dim=(1, 3), keepdim=True).clamp_(min=_MIN_AMAX) / _QMAX[qdtype]
+    scale = wf.abs().amax(dim=(1, 3), keepdim=True).clamp_(min=_MIN_AMAX) * _INV_QMAX[qdtype]
     q = _to_codes(wf, scale, qdtype).view(nb * bn, kb * bk)[:n, :k]
     return q.contiguous(), scale.view(nb, kb)
 
@@ -101,8 +106,9 @@ class W8A8LinearMethod(LinearMethod):
     """
 
     quantized = True
-    # Decode-sized inputs (M <= 16) with per-channel scales: our skinny Triton GEMM on the 8-bit codes
-    # (qwick.kernels.w8a8.w8a8_gemv) instead of cuBLAS; False keeps `_scaled_mm` / `_int_mm` for every M.
+    # Decode-sized inputs (M <= 16) with per-channel scales: our skinny Triton GEMM on the 8-bit codes and
+    # unquantized activations (qwick.kernels.gemv, W8A16) instead of quantizing the activations for cuBLAS;
+    # False keeps `_scaled_mm` / `_int_mm` (W8A8) for every M.
     skinny_gemm = True
     workspace = None
 
@@ -179,7 +185,7 @@ class W8A8LinearMethod(LinearMethod):
             q, s = quantize_weight_per_channel(layer.weight.data, self.qdtype)
             layer.weight = nn.Parameter(q, requires_grad=False)  # drops the plain copy
             layer.register_parameter(self.scale_name, nn.Parameter(s, requires_grad=False))
-        if layer.weight.device.type == "cuda" and self.block is None and self.quantize_activations:
+        if layer.weight.device.type == "cuda" and self.block is None:
             from qwick.kernels.gemv import shared_workspace  # Triton: CUDA machines only
 
             self.workspace = shared_workspace(layer.weight.device)
@@ -198,7 +204,7 @@ class W8A8LinearMethod(LinearMethod):
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if x2.device.type == "cuda" and self.quantize_activations:
+        if x2.device.type == "cuda":
             y = self._apply_cuda(layer, x2)
         else:
             y = self.apply_reference(layer, x2)
@@ -242,11 +248,13 @@ class W8A8LinearMethod(LinearMethod):
         if x.shape[0] == 0:
             return x.new_empty(0, n)
         if self.block is None and x.shape[0] <= 16 and self.skinny_gemm and self.workspace is not None:
-            from qwick.kernels.w8a8 import w8a8_gemv
+            # Decode: stream the 8-bit codes against the unquantized activations (W8A16).
+            from qwick.kernels.gemv import gemv
 
-            xq, xs = self._quantize_x(x)
             scale = self.weight_scale(layer)
-            return w8a8_gemv(xq, xs, layer.weight, scale, layer.bias, x.dtype, self.workspace)
+            return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
+        if not self.quantize_activations:
+            return self.apply_reference(layer, x)
         if self.block is not None:
             from qwick.kernels.w8a8 import block_scaled_mm
 
@@ -261,6 +269,7 @@ class W8A8LinearMethod(LinearMethod):
                 scale_a=xs,
                 scale_b=self.weight_scale(layer).view(1, -1),
                 out_dtype=torch.bfloat16,
+                use_fast_accum=False,
             )
             y = y.to(x.dtype)
         elif self.qdtype == torch.int8 and k % 8 == 0 and n % 8 == 0:

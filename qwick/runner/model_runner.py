@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,6 +110,8 @@ class ModelRunner:
         self._allocate_kv_cache(self.num_blocks)
         if self.graph_runner is not None:
             self._capture_graphs()
+        if self.device.type == "cuda":
+            self._compile_serving_kernels()
 
     # ---- CUDA graphs ---------------------------------------------------------------------------------
     def _make_graph_runner(self):
@@ -138,6 +141,27 @@ class ModelRunner:
     @property
     def num_graph_replays(self) -> int:
         return self.graph_runner.num_replays if self.graph_runner is not None else 0
+
+    @torch.inference_mode()
+    def _compile_serving_kernels(self) -> None:
+        """Run once, at startup, every kernel variant that serving can reach outside the captured graphs,
+        so that Triton compiles none of them on a user's request (each compile costs 0.3-1 s of TTFT):
+        the prefill attention at its two tile shapes (short and long queries), the LM head's skinny GEMM
+        at every decode batch size, and the seeded-sampling noise. Writes only to the null block."""
+        t0 = time.perf_counter()
+        for tokens in (16, 160):
+            tokens = min(tokens, self.max_model_len)
+            rows = [AttentionRow(0, tokens, [0] * ((tokens + self.block_size - 1) // self.block_size))]
+            md = self.backend.build_metadata(rows)
+            md.slot_mapping.zero_()
+            ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+            with set_forward_context(md):
+                hidden = self.model(ids, torch.arange(tokens, device=self.device))
+            for m in range(1, min(16, self.config.max_num_seqs, tokens) + 1):
+                self.model.compute_logits(hidden[:m])
+        self.sampler.warm_up(self.vocab_size, self.device)
+        torch.cuda.synchronize(self.device)
+        logger.info("compiled the serving kernels in %.1f s", time.perf_counter() - t0)
 
     # ---- KV pool -------------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:

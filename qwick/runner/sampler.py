@@ -417,6 +417,14 @@ class Sampler:
         # argmax(p / q) with q ~ Exp(1) picks token i with probability p_i / sum(p) (scale-free).
         return probs.div_(q).argmax(dim=-1)
 
+    @staticmethod
+    def warm_up(vocab_size: int, device: torch.device) -> None:
+        """Compile the seeded-noise kernel now rather than on the first seeded request (CUDA only)."""
+        if device.type == "cuda":
+            from qwick.kernels.sampling import seeded_uniform_
+
+            seeded_uniform_(torch.empty((1, vocab_size), dtype=torch.float32, device=device), [0], [0])
+
     def _noise(self, shape: torch.Size, device: torch.device, meta: SamplingMetadata) -> torch.Tensor:
         """Exp(1) noise as -log(U): on the CPU `rand` + `log` is 6x faster than `exponential_`
         (7.5 vs 44 ms for 16 x 152k draws on 2 cores), and it is as cheap on GPUs."""

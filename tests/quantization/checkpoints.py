@@ -138,13 +138,13 @@ FP8_PER_TENSOR_STATIC = {"quant_method": "fp8", "activation_scheme": "static"}
 
 
 def fp8_per_channel(w: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = (w.abs().amax(dim=1, keepdim=True) / 448.0).to(scale_dtype)
+    scale = (w.abs().amax(dim=1, keepdim=True) * (1.0 / 448.0)).to(scale_dtype)
     q = (w / scale.float()).clamp(-448, 448).to(FP8)
     return q, scale
 
 
 def int8_per_channel(w: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = (w.abs().amax(dim=1, keepdim=True) / 127.0).to(scale_dtype)
+    scale = (w.abs().amax(dim=1, keepdim=True) * (1.0 / 127.0)).to(scale_dtype)
     q = torch.round(w / scale.float()).clamp(-127, 127).to(torch.int8)
     return q, scale
 
@@ -244,7 +244,8 @@ def fake_quant_activations(x: torch.Tensor, qdtype: torch.dtype, group: int | No
         k = shape[-1]
         pad = (-k) % group
         xf = torch.nn.functional.pad(xf, (0, pad)).reshape(xf.shape[0], -1, group)
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10) / qmax
+    # absmax * fp32(1 / qmax): what torch's `absmax / qmax` does on CUDA, the definition qwick uses everywhere
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10) * (1.0 / qmax)
     q = xf / scale
     q = q.round() if qdtype == torch.int8 else q
     q = q.clamp(-qmax, qmax).to(qdtype).float() * scale

@@ -86,7 +86,9 @@ def _kv_write_kernel(
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["num_splits", "window", "group"])
+# Values that change from step to step (the block-table width, split counts) are not specialized on: a new
+# value would otherwise compile a new kernel variant in the middle of serving a request.
+@triton.jit(do_not_specialize=["num_splits", "window", "group", "stride_bt"])
 def _decode_kernel(
     q_ptr,
     k_cache_ptr,
@@ -281,7 +283,7 @@ def _extend_tiles(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["window", "group"])
+@triton.jit(do_not_specialize=["window", "group", "stride_bt"])
 def _extend_kernel(
     q_ptr,
     k_cache_ptr,
