@@ -58,7 +58,10 @@ def _gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rm[:, None] * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if HAS_SCALE:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         kk = k + rk
         if EVEN_K:
@@ -68,9 +71,15 @@ def _gemv_kernel(
             k_ok = kk < k_end
             w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)  # 8-bit codes -> x's dtype (exact)
-    if HAS_SCALE:  # per-output-channel scales of 8-bit weights
-        acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+        if HAS_SCALE:
+            # 8-bit codes, converted to x's dtype in registers (exact). As the dot's first operand they
+            # feed the tensor cores from registers; as the second they would make a trip through shared
+            # memory first. So this computes y^T = W x^T.
+            acc_t = tl.dot(w.to(x.dtype), tl.trans(x), acc_t)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    if HAS_SCALE:  # per-output-channel scales
+        acc = tl.trans(acc_t) * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
     _gemv_epilogue(
         acc,
         b_ptr,

@@ -16,9 +16,9 @@ What each path computes:
 - CUDA: `torch._scaled_mm` with row-wise scales (fp8), `torch._int_mm` then the scales (int8), block fp8
   through a Triton block-scaled GEMM; activations quantized by one fused Triton kernel, bit-identical to
   the torch ops here (`qwick.kernels.w8a8`);
-- CUDA, decode-sized inputs (M <= 16) with per-channel scales: `x @ dequant(W).T + b` instead (W8A16), by the
-  skinny split-K GEMM of `qwick.kernels.gemv` streaming the 8-bit codes. A decode step is bound by reading
-  the weights, so quantizing the activations there would only add a launch per layer (and error).
+- CUDA, decode-sized bf16/fp16 inputs (M <= 16), per-channel scales: `x @ dequant(W).T + b` instead
+  (W8A16), by the skinny split-K GEMM of `qwick.kernels.gemv` streaming the 8-bit codes. A decode step is
+  bound by reading the weights, so quantizing the activations there would only add a launch per layer.
 
 On-the-fly ("quantization='fp8'" on a bf16 checkpoint): the layer holds a plain weight while loading, and
 `process_weights_after_loading` replaces it with codes and per-channel absmax scales (the bf16 copy is freed).
@@ -247,7 +247,8 @@ class W8A8LinearMethod(LinearMethod):
         n, k = layer.weight.shape
         if x.shape[0] == 0:
             return x.new_empty(0, n)
-        if self.block is None and x.shape[0] <= 16 and self.skinny_gemm and self.workspace is not None:
+        skinny = x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16)
+        if self.block is None and skinny and self.skinny_gemm and self.workspace is not None:
             # Decode: stream the 8-bit codes against the unquantized activations (W8A16).
             from qwick.kernels.gemv import gemv
 

@@ -1,11 +1,12 @@
 """Quantized models on the GPU (CUDA graphs on): W8A8 checkpoints and on-the-fly fp8/int8, against
 transformers on the dequantized weights with the same per-token activation quantization, in float32.
 
-Decode steps (M <= 16) run the skinny Triton W8A8 GEMM and block fp8 its Triton GEMM, both with fp32
-outputs here; int8 prefill runs `_int_mm` (exact int32 sums): these compute the reference function up to
-float32 rounding, so greedy tokens are equal and logits within 1%. fp8 prefill goes through `_scaled_mm`,
-whose row-wise path writes bf16: its rounding flips a few activation codes in later layers, so fp8 logits
-stay within 5% and most greedy tokens agree.
+In float32 every step is W8A8 (the W8A16 decode GEMM serves bf16/fp16 models): int8 through `_int_mm`
+(exact int32 sums, zero rows padded at decode sizes) and block fp8 through its Triton GEMM compute the
+reference function up to float32 rounding, so greedy tokens are equal and logits within 1%. Per-channel fp8
+goes through `_scaled_mm`, whose row-wise path writes bf16: its rounding flips a few fp8 activation codes
+in later layers (a flip moves a value by 6-12%), so logits stay within 8% (5.3% and 6.3% measured on the
+H200) and most greedy tokens agree.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from tests.utils import hf_greedy, hf_logits, make_tiny_model
 pytestmark = pytest.mark.gpu
 MAX_TOKENS = 10
 CASES = {  # name: (checkpoint format or on-the-fly mode, logits bound, greedy must be equal)
-    "ct-fp8-channel": (0.05, False),
+    "ct-fp8-channel": (0.08, False),
     "ct-int8-channel": (0.01, True),
     "qwen-fp8-block": (0.01, True),
-    "fp8": (0.05, False),
+    "fp8": (0.08, False),
     "int8": (0.01, True),
 }
 

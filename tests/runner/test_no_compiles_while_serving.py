@@ -19,7 +19,14 @@ def test_requests_after_startup_compile_nothing(tmp_path, dtype):
         pytest.fail("GPU test run without a GPU")
     path = str(tmp_path / "model")
     # head_dim 128 with GQA 4:1, so both prefill-attention tile shapes are reachable.
-    make_tiny_model("qwen2", path, hidden_size=512, num_attention_heads=4, num_key_value_heads=1)
+    make_tiny_model(
+        "qwen2",
+        path,
+        hidden_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+    )
     compiled: list[str] = []
 
     def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
