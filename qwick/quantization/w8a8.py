@@ -264,15 +264,28 @@ class W8A8LinearMethod(LinearMethod):
         elif self.qdtype == FP8_DTYPE and k % 16 == 0 and n % 16 == 0:
             xq, xs = self._quantize_x(x)
             # Row-wise scaling: scale_a [M, 1], scale_b [1, N] in fp32, W column-major, bf16 out only.
-            y = torch._scaled_mm(
-                xq,
-                layer.weight.t(),
-                scale_a=xs,
-                scale_b=self.weight_scale(layer).view(1, -1),
-                out_dtype=torch.bfloat16,
-                use_fast_accum=False,
-            )
-            y = y.to(x.dtype)
+            if x.dtype == torch.float32:
+                # Row-wise scaling writes bf16 only, and that rounding flips fp8 activation codes in later
+                # layers: in fp32, take the unscaled fp32 sums (tensor-wise scales of 1) and scale after.
+                one = torch.ones((), dtype=torch.float32, device=x.device)
+                acc = torch._scaled_mm(
+                    xq,
+                    layer.weight.t(),
+                    scale_a=one,
+                    scale_b=one,
+                    out_dtype=torch.float32,
+                    use_fast_accum=False,
+                )
+                y = acc * xs * self.weight_scale(layer).view(1, -1)
+            else:
+                y = torch._scaled_mm(
+                    xq,
+                    layer.weight.t(),
+                    scale_a=xs,
+                    scale_b=self.weight_scale(layer).view(1, -1),
+                    out_dtype=torch.bfloat16,
+                    use_fast_accum=False,
+                ).to(x.dtype)
         elif self.qdtype == torch.int8 and k % 8 == 0 and n % 8 == 0:
             xq, xs = self._quantize_x(x)
             m = xq.shape[0]
