@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 
 from qwick.quantization import quantization_names
 
+# Accepted `kv_cache_dtype` values (vLLM's names) -> the canonical one. "auto": the model's dtype;
+# "fp8" / "fp8_e4m3": float8 e4m3 with per-layer scales, half the bytes of bf16 per cached token.
+KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8"}
+
 
 @dataclass
 class CacheConfig:
@@ -49,7 +53,7 @@ class EngineConfig:
     enforce_eager: bool = False
     seed: int = 0
     quantization: str | None = None  # "fp8", "int8", ... (qwick.quantization); a checkpoint's is detected
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8" (= "fp8_e4m3"): see KV_CACHE_DTYPES
     tensor_parallel_size: int = 1
     load_format: str = "auto"  # "auto", "safetensors", "gguf", "dummy"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere), "torch", "triton"
@@ -87,8 +91,11 @@ class EngineConfig:
         if self.quantization is not None and self.quantization not in quantization_names():
             supported = ", ".join(quantization_names())
             raise ValueError(f"unknown quantization {self.quantization!r}; qwick supports: {supported}.")
-        if self.kv_cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported yet.")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}."
+            )
+        self.kv_cache_dtype = KV_CACHE_DTYPES[self.kv_cache_dtype]
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size > 1 is not supported yet.")
         if self.scheduling_policy not in ("fcfs", "priority"):

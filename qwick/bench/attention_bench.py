@@ -1,6 +1,7 @@
 """Micro-benchmark: paged decode attention at qwen2.5-7b shapes, Triton backend vs the PyTorch reference.
 
     python -m qwick.bench.attention_bench [--batch 1 8 64] [--context 1024 8192 32768] [--json out.json]
+                                          [--kv-cache-dtype fp8]
 
 One decode step of one layer (28 query heads, 4 kv heads, head_dim 128, block 16, bf16): the KV write of
 the new token plus attention over the whole context, block tables shuffled as in a busy pool. The Triton
@@ -8,7 +9,7 @@ step is captured in a CUDA graph (the decode path has no host sync) and replayed
 time; the graph cycles through enough copies of the KV pool (>= 256 MB) that reads come from HBM rather
 than the 50 MB L2. Bandwidth = K and V bytes of the context read per step / time, against the 4.3 TB/s
 copy bandwidth measured on the H200 (bench.md). The reference runs eagerly (it cannot be captured: it
-plans on the host).
+plans on the host). `--kv-cache-dtype fp8` runs the same steps over an fp8 (e4m3) cache: half the bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import statistics
 
 import torch
 
-from qwick.layers.attention.backend import AttentionRow
+from qwick.layers.attention.backend import AttentionRow, kv_cache_torch_dtype
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
 
 PEAK_TBPS = 4.3
@@ -44,7 +45,14 @@ def _time_ms(fn, iters: int, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def bench_case(batch: int, context: int, dtype: torch.dtype, with_torch: bool, configure=None) -> dict:
+def bench_case(
+    batch: int,
+    context: int,
+    dtype: torch.dtype,
+    with_torch: bool,
+    configure=None,
+    kv_cache_dtype: str = "auto",
+) -> dict:
     from qwick.layers.attention.triton_backend import TritonAttentionBackend
 
     device = torch.device("cuda")
@@ -56,11 +64,14 @@ def bench_case(batch: int, context: int, dtype: torch.dtype, with_torch: bool, c
     rows = [
         AttentionRow(context - 1, 1, ids[i * blocks_per_row : (i + 1) * blocks_per_row]) for i in range(batch)
     ]
-    elt = torch.tensor([], dtype=dtype).element_size()
+    cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, dtype)
+    elt = torch.tensor([], dtype=cache_dtype).element_size()
     kv_bytes = batch * context * KV_HEADS * HEAD_DIM * 2 * elt
     copies = min(64, max(1, math.ceil(256e6 / kv_bytes)))
     caches = [
-        torch.empty(2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device=device).normal_()
+        torch.empty(2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+        .normal_()
+        .to(cache_dtype)
         for _ in range(copies)
     ]
     q = torch.randn(batch, HEADS, HEAD_DIM, device=device, dtype=dtype)
@@ -225,6 +236,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--context", type=int, nargs="+", default=[1024, 8192, 32768])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument(
+        "--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="fp8: an e4m3 cache"
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--prefill", action="store_true", help="also time prefill attention vs torch SDPA")
@@ -235,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype = getattr(torch, args.dtype)
     print(
         f"decode attention, qwen2.5-7b shapes: {HEADS} q heads, {KV_HEADS} kv heads, head_dim {HEAD_DIM}, "
-        f"block {BLOCK}, {args.dtype}; {torch.cuda.get_device_name()}"
+        f"block {BLOCK}, {args.dtype}, KV cache {args.kv_cache_dtype}; {torch.cuda.get_device_name()}"
     )
     header = (
         f"{'batch':>5} {'context':>7} {'splits':>6} {'KV MB':>8} {'triton us':>10} {'TB/s':>6} "
@@ -246,7 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for batch in args.batch:
         for context in args.context:
-            r = bench_case(batch, context, dtype, with_torch=not args.no_torch)
+            r = bench_case(
+                batch, context, dtype, with_torch=not args.no_torch, kv_cache_dtype=args.kv_cache_dtype
+            )
             results.append(r)
             t_us = r.get("triton_graph_us", float("nan"))
             tbps = r.get("tbps", float("nan"))

@@ -68,6 +68,7 @@ class EngineCore:
             enable_prefix_caching=config.enable_prefix_caching,
             gpu_memory_utilization=config.gpu_memory_utilization,
             num_gpu_blocks_override=config.num_gpu_blocks_override,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         scheduler_config = SchedulerConfig(
             max_num_seqs=config.max_num_seqs,

@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-from qwick.config import EngineConfig
+from qwick.config import KV_CACHE_DTYPES, EngineConfig
 from qwick.quantization import quantization_names
 
 
@@ -79,6 +79,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=quantization_names(),
         help="quantize the linear layers' weights while loading an unquantized checkpoint (fp8, int8: "
         "8-bit weights and activations); a quantized checkpoint's format is detected without it",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=list(KV_CACHE_DTYPES),
+        help="KV-cache storage type; auto: the model's dtype. fp8 (= fp8_e4m3): float8 e4m3 with per-layer "
+        "scales (the checkpoint's k_scale/v_scale if it has them, else 1.0): roughly doubles the KV "
+        "capacity in tokens for the same memory, at a small quality cost",
     )
     g.add_argument("--device", default="auto", help="auto, cuda or cpu")
     g.add_argument(

@@ -7,6 +7,9 @@ step's rows concatenated, with their positions; the attention backend knows whic
 
 from __future__ import annotations
 
+import logging
+import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -20,6 +23,8 @@ from qwick.layers.linear import Linear, LinearMethod, VocabEmbedding
 from qwick.layers.norm import RMSNorm
 from qwick.layers.rotary import RopeStep, RotaryEmbedding
 from qwick.quantization.base import QuantizationConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,17 @@ class DecoderModel(nn.Module):
         return x
 
 
+# fp8 KV-cache scales in checkpoints (the names vLLM maps): `self_attn.{k,v}_scale` (compressed-tensors,
+# vLLM's own `self_attn.attn.*`), `self_attn.{k,v}_proj.{k,v}_scale` (ModelOpt), `self_attn.{k,v}_proj.
+# output_scale` (AutoFP8 / older compressed-tensors) and the deprecated `self_attn.kv_scale` (both).
+_KV_SCALE_NAME = re.compile(
+    r"^(.*\.self_attn)\.(?:"
+    r"(?:attn\.|[qkv]_proj\.)?(k|v|kv|q|prob)_scale"
+    r"|([qkv])_proj\.output_scale"
+    r")$"
+)
+
+
 class DecoderForCausalLM(nn.Module):
     """The served model: flat tokens in, hidden states out; `compute_logits` on the rows that sample."""
 
@@ -282,6 +298,30 @@ class DecoderForCausalLM(nn.Module):
             elif param_name == "weight":
                 yield name, module.method.dense_weight(module)
 
+    def _load_kv_scale(self, modules: dict[str, nn.Module], name: str, tensor: torch.Tensor) -> bool:
+        """Take a checkpoint's fp8 KV-cache scale (or an attention scale qwick has no use for); False if
+        `name` is not one. A per-head scale becomes its maximum (one scale per layer, as in vLLM)."""
+        match = _KV_SCALE_NAME.match(name)
+        if match is None:
+            return False
+        prefix, which = match.group(1), match.group(2) or match.group(3)
+        if which in ("q", "prob"):
+            return True  # query / softmax scales of fp8 attention: qwick keeps q and P in 16 bits
+        module = modules.get(prefix)
+        if not isinstance(module, DecoderAttention):
+            raise ValueError(f"checkpoint tensor {name} has no place in the model")
+        value = float(tensor.float().max())
+        if not math.isfinite(value) or value <= 0.0:
+            logger.warning(
+                "ignoring the checkpoint's KV-cache scale %s = %s (not a positive number)", name, value
+            )
+            return True
+        if which in ("k", "kv"):
+            module.attn.k_scale = value
+        if which in ("v", "kv"):
+            module.attn.v_scale = value
+        return True
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors (Hugging Face names) in, packing q/k/v and gate/up; return names loaded."""
         modules = dict(self.named_modules())
@@ -289,6 +329,8 @@ class DecoderForCausalLM(nn.Module):
         loaded: set[str] = set()
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
+                continue
+            if self._load_kv_scale(modules, name, tensor):
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the embedding serves as the LM head

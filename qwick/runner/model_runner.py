@@ -18,7 +18,7 @@ from transformers import PretrainedConfig
 from qwick.config import EngineConfig
 from qwick.core.scheduler_output import SchedulerOutput
 from qwick.forward_context import set_forward_context
-from qwick.layers.attention.backend import AttentionBackend, AttentionRow
+from qwick.layers.attention.backend import AttentionBackend, AttentionRow, is_fp8_kv, kv_cache_torch_dtype
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
 from qwick.loader.model_loader import build_model, resolve_dtype
 from qwick.runner.sampler import Sampler, SamplingMetadata
@@ -88,6 +88,7 @@ class ModelRunner:
         self.hf_config = hf_config
         self.device = pick_device(engine_config.device)
         self.dtype = resolve_dtype(engine_config.dtype, hf_config, self.device)
+        self.kv_cache_dtype = kv_cache_torch_dtype(engine_config.kv_cache_dtype, self.dtype)
         self.max_model_len = max_model_len
         self.block_size = engine_config.block_size
         torch.manual_seed(engine_config.seed)
@@ -103,11 +104,13 @@ class ModelRunner:
         )
         self.vocab_size = hf_config.vocab_size
         self.backend = select_attention_backend(engine_config.attention_backend, self.block_size, self.device)
+        self._check_kv_cache_dtype()
         self.sampler = Sampler(seed=engine_config.seed)
         self.graph_runner = self._make_graph_runner()
         self.graph_reserve_bytes = 0  # set by the GPU memory profile when graphs are on
         self.num_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_blocks)
+        self._log_kv_cache()
         if self.graph_runner is not None:
             self._capture_graphs()
         if self.device.type == "cuda":
@@ -167,7 +170,35 @@ class ModelRunner:
     def kv_bytes_per_block(self) -> int:
         layers = self.model.attention_layers()
         per_layer = 2 * self.block_size * layers[0].num_kv_heads * layers[0].head_dim
-        return per_layer * len(layers) * torch.tensor([], dtype=self.dtype).element_size()
+        return per_layer * len(layers) * torch.tensor([], dtype=self.kv_cache_dtype).element_size()
+
+    def _check_kv_cache_dtype(self) -> None:
+        if not is_fp8_kv(self.kv_cache_dtype):
+            return
+        if self.backend.name == "triton" and torch.cuda.get_device_capability(self.device) < (8, 9):
+            raise ValueError(
+                "kv_cache_dtype='fp8' with Triton attention needs a GPU with fp8 support (compute "
+                "capability 8.9+: Ada, Hopper or newer); use attention_backend='torch' on this GPU"
+            )
+        layers = self.model.attention_layers()
+        calibrated = sum(layer.k_scale != 1.0 or layer.v_scale != 1.0 for layer in layers)
+        if calibrated:
+            logger.info(
+                "fp8 KV cache: k/v scales from the checkpoint in %d of %d layers", calibrated, len(layers)
+            )
+        else:
+            logger.info("fp8 KV cache: the checkpoint has no k/v scales; using 1.0 (values beyond 448 clip)")
+
+    def _log_kv_cache(self) -> None:
+        per_block = self.kv_bytes_per_block()
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%d tokens), %s, %.2f GiB",
+            self.num_blocks,
+            self.block_size,
+            self.num_blocks * self.block_size,
+            str(self.kv_cache_dtype).removeprefix("torch."),
+            self.num_blocks * per_block / 1024**3,
+        )
 
     def _decide_num_blocks(self) -> int:
         if self.config.num_gpu_blocks_override is not None:
@@ -213,7 +244,7 @@ class ModelRunner:
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         for layer in self.model.attention_layers():
             shape = (2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-            layer.kv_cache = zeros_on_demand(shape, self.dtype, self.device)
+            layer.kv_cache = zeros_on_demand(shape, self.kv_cache_dtype, self.device)
             layer.backend = self.backend
 
     def _release_kv_cache(self) -> None:

@@ -5,6 +5,12 @@ write a layer's new keys/values into the paged cache, and attend each query to i
 context through the block table. Metadata is built once and shared by every layer, so per-layer work is
 kernels only. The KV cache of a layer is one tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]`.
 
+FP8 KV cache (`kv_cache_dtype="fp8"`): the cache tensor is torch.float8_e4m3fn and each layer has two scalar
+scales, `k_scale` and `v_scale` (1.0 unless the checkpoint provides them, as in vLLM). A value is stored as
+`(x * (1 / scale)).clamp(-448, 448).to(fp8)` (`quantize_kv`; multiplying by the fp32 reciprocal, which
+GPU kernels do too, so every backend writes the same bytes) and read back as `fp8.to(dtype) * scale`.
+Backends ignore the scales when the cache is not fp8, so 16/32-bit caches behave exactly as before.
+
 CUDA graphs (GPU backends): a decode step is captured once per batch-size bucket; `build_metadata` then
 writes into persistent buffers instead of allocating, and `pad_to` rows point at the null block 0.
 """
@@ -15,6 +21,30 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import torch
+
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_E4M3_MAX = 448.0  # the largest finite e4m3fn value; larger magnitudes are clamped to it
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The storage dtype of the KV cache for an EngineConfig `kv_cache_dtype` value."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        return FP8_KV_DTYPE
+    raise ValueError(f"unsupported kv_cache_dtype {kv_cache_dtype!r}")
+
+
+def is_fp8_kv(dtype: torch.dtype) -> bool:
+    return dtype == FP8_KV_DTYPE
+
+
+def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """`x / scale` clamped to e4m3's range and rounded (to nearest even) to float8_e4m3fn, in fp32."""
+    y = x.float()
+    if scale != 1.0:
+        y = y * (1.0 / scale)
+    return y.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_KV_DTYPE)
 
 
 @dataclass
@@ -103,5 +133,9 @@ class AttentionBackend(ABC):
         *,
         scale: float,
         sliding_window: int | None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
-        """Write k/v into the cache, then return attention output `[num_tokens, num_heads, head_dim]`."""
+        """Write k/v into the cache, then return attention output `[num_tokens, num_heads, head_dim]`.
+
+        `k_scale` / `v_scale`: the layer's fp8 KV-cache scales; used only when `kv_cache` is fp8."""

@@ -27,6 +27,10 @@ class Attention(nn.Module):
         # Bound by the model runner once the KV pool exists.
         self.kv_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
+        # fp8 KV-cache scales (stored value = x / scale): 1.0 unless the checkpoint has k_scale / v_scale.
+        # Plain floats, passed to the kernels as arguments (so CUDA graphs capture them as constants).
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q/k/v: [tokens, heads * head_dim] (k, v with kv heads) -> [tokens, heads * head_dim]."""
@@ -41,5 +45,7 @@ class Attention(nn.Module):
             get_forward_context().attn_metadata,
             scale=self.scale,
             sliding_window=self.sliding_window,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
         )
         return out.view(tokens, self.num_heads * self.head_dim)

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from qwick.layers.attention.backend import AttentionBackend, AttentionMetadata
+from qwick.layers.attention.backend import (
+    FP8_KV_DTYPE,
+    AttentionBackend,
+    AttentionMetadata,
+    is_fp8_kv,
+    quantize_kv,
+)
 
 
 def _context_mask(
@@ -42,6 +48,12 @@ class _Group:
 def _slots(tables: torch.Tensor, block_size: int) -> torch.Tensor:
     offsets = torch.arange(block_size, device=tables.device, dtype=torch.int64)
     return (tables.long().unsqueeze(-1) * block_size + offsets).flatten(1)
+
+
+def _dequantize(raw: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """fp8 cache bytes -> `dtype` values times the layer's scale (every e4m3 value is exact in fp16/bf16)."""
+    x = raw.view(FP8_KV_DTYPE).to(dtype)
+    return x * scale if scale != 1.0 else x
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -87,8 +99,15 @@ class TorchAttentionBackend(AttentionBackend):
         *,
         scale: float,
         sliding_window: int | None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        fp8 = is_fp8_kv(kv_cache.dtype)
+        if fp8:  # copies and gathers run on the bytes (uint8), which every device supports
+            k = quantize_kv(k, k_scale).view(torch.uint8)
+            v = quantize_kv(v, v_scale).view(torch.uint8)
+            kv_cache = kv_cache.view(torch.uint8)
         k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
         v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
         k_flat.index_copy_(0, metadata.slot_mapping, k.to(k_flat.dtype))
@@ -100,8 +119,13 @@ class TorchAttentionBackend(AttentionBackend):
             if mask is None:
                 mask = _context_mask(group.q_pos, group.k_pos, group.seq_lens, sliding_window)
                 group.masks[sliding_window] = mask
-            keys = k_flat[group.slots].transpose(1, 2).to(q.dtype)  # [rows, kv_heads, context, head_dim]
-            values = v_flat[group.slots].transpose(1, 2).to(q.dtype)
+            keys = k_flat[group.slots].transpose(1, 2)  # [rows, kv_heads, context, head_dim]
+            values = v_flat[group.slots].transpose(1, 2)
+            if fp8:
+                keys = _dequantize(keys, q.dtype, k_scale)
+                values = _dequantize(values, q.dtype, v_scale)
+            else:
+                keys, values = keys.to(q.dtype), values.to(q.dtype)
             query = q[group.token_idx]  # [rows, heads, head_dim]
             if group.is_decode:  # one query per row
                 o = F.scaled_dot_product_attention(

@@ -18,6 +18,12 @@ which is built once on the host from the scheduler's lists and shared by every l
 A mixed step runs both attention kernels over disjoint sets of rows, writing disjoint output tokens.
 Softmax is computed in fp32 with exp2; P is cast to the KV dtype for the P@V product, as flash attention
 does; fp32 inputs use IEEE (not TF32) dot products.
+
+FP8 KV cache (`KV_FP8`, a float8_e4m3fn cache): the write kernel stores `clamp(x * (1 / scale), +-448)`
+rounded to e4m3 (the reference's `quantize_kv`, byte for byte); the attention kernels load fp8 pages
+(half the bytes), convert them to the query dtype (exact), and apply the scales outside the dot products:
+`k_scale` is folded into the softmax scale on the host and `v_scale` multiplies the output once. Both
+scales are plain float arguments (never specialized); 16/32-bit caches compile exactly as before.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.layers.attention.backend import AttentionBackend, AttentionMetadata, AttentionRow
+from qwick.layers.attention.backend import AttentionBackend, AttentionMetadata, AttentionRow, is_fp8_kv
 
 LOG2E = 1.4426950408889634
 # Decode split-KV defaults: splits per row are chosen so that (rows x kv heads x splits) is about
@@ -62,6 +68,8 @@ def _kv_write_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
+    k_inv_scale,
+    v_inv_scale,
     stride_kt,
     stride_kh,
     stride_vt,
@@ -72,6 +80,7 @@ def _kv_write_kernel(
     HEAD_DIM: tl.constexpr,
     H_PAD: tl.constexpr,
     D_PAD: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -81,6 +90,9 @@ def _kv_write_kernel(
     mask = _tile_mask((hv < NUM_KV_HEADS) & (slot >= 0), d, HEAD_DIM, D_PAD)
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d[None, :], mask=mask)
+    if KV_FP8:  # scale in fp32, saturate to e4m3's largest finite value, round to nearest even
+        k = tl.minimum(tl.maximum(k.to(tl.float32) * k_inv_scale, -448.0), 448.0)
+        v = tl.minimum(tl.maximum(v.to(tl.float32) * v_inv_scale, -448.0), 448.0)
     dst = slot * stride_cs + h * stride_ch + d[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -101,6 +113,7 @@ def _decode_kernel(
     query_start_ptr,
     rows_ptr,
     scale_log2,
+    v_scale,
     num_splits,
     window,
     group,
@@ -122,6 +135,7 @@ def _decode_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     i = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -170,6 +184,8 @@ def _decode_kernel(
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
+    if KV_FP8:
+        o = o * v_scale  # linear: the split partials combine the same with it applied
     if num_splits == 1:
         tl.store(
             out_ptr + tok * stride_ot + head[:, None] * stride_oh + d[None, :],
@@ -294,6 +310,7 @@ def _extend_kernel(
     query_start_ptr,
     tiles_ptr,
     scale_log2,
+    v_scale,
     window,
     group,
     stride_qt,
@@ -309,6 +326,7 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     tile = tl.program_id(0)
     h = tl.program_id(1)
@@ -358,6 +376,8 @@ def _extend_kernel(
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
+    if KV_FP8:
+        o = o * v_scale
     tl.store(
         out_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :],
         o.to(out_ptr.dtype.element_ty),
@@ -479,9 +499,16 @@ class TritonAttentionBackend(AttentionBackend):
 
     # ---- per layer -----------------------------------------------------------------------------------
     def write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
-        """Scatter k/v `[tokens, kv_heads, head_dim]` into the cache at `slot_mapping` (< 0: skipped)."""
+        """Scatter k/v `[tokens, kv_heads, head_dim]` into the cache at `slot_mapping` (< 0: skipped);
+        into an fp8 cache as `x / scale` (the scales are ignored otherwise)."""
         tokens, num_kv_heads, head_dim = k.shape
         if tokens == 0:
             return
@@ -495,6 +522,8 @@ class TritonAttentionBackend(AttentionBackend):
             kv_cache[0],
             kv_cache[1],
             slot_mapping,
+            1.0 / float(k_scale),
+            1.0 / float(v_scale),
             k.stride(0),
             k.stride(1),
             v.stride(0),
@@ -505,6 +534,7 @@ class TritonAttentionBackend(AttentionBackend):
             HEAD_DIM=head_dim,
             H_PAD=_pow2(num_kv_heads),
             D_PAD=_pow2(head_dim),
+            KV_FP8=is_fp8_kv(kv_cache.dtype),
             num_warps=1 if num_kv_heads * head_dim <= 512 else 4,
         )
 
@@ -518,23 +548,30 @@ class TritonAttentionBackend(AttentionBackend):
         *,
         scale: float,
         sliding_window: int | None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         if not kv_cache.is_contiguous():
             raise ValueError("the triton backend needs a contiguous KV cache")
         if kv_cache.shape[2] != metadata.block_size:
             raise ValueError("KV cache block size does not match the metadata's")
-        self.write_kv(k, v, kv_cache, metadata.slot_mapping)
+        fp8 = is_fp8_kv(kv_cache.dtype)
+        if not fp8:
+            k_scale = v_scale = 1.0  # scales belong to fp8 caches only
+        self.write_kv(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         if q.stride(2) != 1:
             q = q.contiguous()
         plan = self._plan(metadata)
         out = torch.empty_like(q)
+        # k_scale folds into the softmax scale (q.(k_fp8 * s) = s * q.k_fp8); v_scale scales the output.
+        qk_scale_log2 = float(scale) * LOG2E * (float(k_scale) if fp8 else 1.0)
         if plan.num_decode:
-            self._decode(q, kv_cache, out, metadata, plan, scale, sliding_window)
+            self._decode(q, kv_cache, out, metadata, plan, qk_scale_log2, float(v_scale), sliding_window)
         if plan.extend_rows:
-            self._extend(q, kv_cache, out, metadata, plan, scale, sliding_window)
+            self._extend(q, kv_cache, out, metadata, plan, qk_scale_log2, float(v_scale), sliding_window)
         return out
 
-    def _decode(self, q, kv_cache, out, md, plan, scale, sliding_window) -> None:
+    def _decode(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window) -> None:
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = kv_cache.shape[3]
         splits = self.num_splits(plan.num_decode, num_kv_heads, plan.decode_max_seq_len)
@@ -559,7 +596,8 @@ class TritonAttentionBackend(AttentionBackend):
             md.seq_lens,
             md.query_start_loc,
             plan.decode_rows,
-            float(scale) * LOG2E,
+            scale_log2,
+            v_scale,
             splits,
             int(sliding_window) if sliding_window else NO_WINDOW,
             num_heads // num_kv_heads,
@@ -580,6 +618,7 @@ class TritonAttentionBackend(AttentionBackend):
             D_PAD=d_pad,
             BLOCK_SIZE=md.block_size,
             DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+            KV_FP8=is_fp8_kv(kv_cache.dtype),
             **cfg,
         )
         if splits > 1:
@@ -604,7 +643,7 @@ class TritonAttentionBackend(AttentionBackend):
                 num_warps=4,
             )
 
-    def _extend(self, q, kv_cache, out, md, plan, scale, sliding_window) -> None:
+    def _extend(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window) -> None:
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = kv_cache.shape[3]
         max_query_len = max(n for _, n in plan.extend_rows)
@@ -619,7 +658,8 @@ class TritonAttentionBackend(AttentionBackend):
             md.seq_lens,
             md.query_start_loc,
             tiles,
-            float(scale) * LOG2E,
+            scale_log2,
+            v_scale,
             int(sliding_window) if sliding_window else NO_WINDOW,
             num_heads // num_kv_heads,
             q.stride(0),
@@ -633,5 +673,6 @@ class TritonAttentionBackend(AttentionBackend):
             D_PAD=_pow2(head_dim, 16),
             BLOCK_SIZE=md.block_size,
             DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+            KV_FP8=is_fp8_kv(kv_cache.dtype),
             **cfg,
         )
