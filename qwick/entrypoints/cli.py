@@ -77,8 +77,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--quantization",
         default=None,
         choices=quantization_names(),
-        help="quantize the linear layers' weights while loading an unquantized checkpoint (fp8, int8: "
-        "8-bit weights and activations); a quantized checkpoint's format is detected without it",
+        help="quantize the linear layers' weights while loading an unquantized checkpoint (fp8, int8: 8-bit "
+        "weights, activations quantized per token in prefill; int4: 4-bit weights, group 128, round to "
+        "nearest); gguf: keep a .gguf model's Q4_K/Q5_0/Q6_K/Q8_0 weights packed instead of dequantizing "
+        "them; a quantized checkpoint's format (AWQ, GPTQ, FP8, compressed-tensors) is detected without it",
     )
     g.add_argument(
         "--kv-cache-dtype",

@@ -19,7 +19,9 @@ the file's identity (real path, size, mtime) and the converter version, so a cha
 converter converts again. The cached path imports nothing heavy and costs one `stat`.
 
 Public API: `gguf_to_hf_dir`, `convert_gguf`, `cache_dir_for`, `default_cache_root`, `is_gguf_file`,
-`is_converted`, `SUPPORTED_ARCHITECTURES`.
+`is_converted`, `SUPPORTED_ARCHITECTURES`; for keeping tensors quantized (`quantization="gguf"`,
+qwick/quantization/gguf.py): `source_gguf` (the file a directory came from) and `stored_tensors` (its
+tensors' raw blocks, under the converted names).
 """
 
 from __future__ import annotations
@@ -192,6 +194,80 @@ def convert_gguf(
             raise
         _fsync_dir(parent)
     return out_dir
+
+
+def source_gguf(hf_dir: str | os.PathLike) -> str:
+    """The GGUF file a converted directory was made from, checked to be unchanged since.
+
+    Raises ValueError when `hf_dir` is not a converted GGUF directory, or when its file is gone or
+    changed (the directory then no longer describes it; load the .gguf file again to reconvert).
+    """
+    marker_path = os.path.join(os.fspath(hf_dir), MARKER_FILE)
+    try:
+        with open(marker_path, encoding="utf-8") as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        raise ValueError(
+            f"{os.fspath(hf_dir)!r} is not a model converted from a GGUF file (no {MARKER_FILE}); only .gguf "
+            "models (and the built-in demo model) have GGUF tensors to keep quantized"
+        ) from None
+    path = marker.get("gguf_path")
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError):
+        raise ValueError(
+            f"the GGUF file {path!r} that {os.fspath(hf_dir)!r} was converted from is gone; load the .gguf "
+            "file itself"
+        ) from None
+    if (st.st_size, st.st_mtime_ns) != (marker.get("gguf_size"), marker.get("gguf_mtime_ns")):
+        raise ValueError(
+            f"the GGUF file {path!r} changed since {os.fspath(hf_dir)!r} was converted from it; load the "
+            ".gguf file again (it is converted again)"
+        )
+    return path
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """A 2-D tensor of a GGUF file as the file stores it: rows of quantized blocks, not dequantized."""
+
+    hf_name: str  # its Hugging Face parameter name
+    qtype: int  # GGML type id (gguf.GGMLQuantizationType value)
+    type_name: str  # "Q4_K", "F32", ...
+    shape: tuple[int, int]  # (N, K): rows, row length (HF layout)
+    permute_heads: int  # > 0: llama.cpp's q/k row permutation over this many heads is still to be undone
+    data: Any  # numpy uint8 [N, bytes per row], a read-only view of the file's memory map
+
+
+def stored_tensors(gguf_path: str | os.PathLike) -> dict[str, StoredTensor]:
+    """The 2-D tensors of a GGUF file by HF name, as stored (memory-mapped, nothing dequantized).
+
+    The same tensor plan as the conversion (names, shapes, checks), so the names are those of the
+    converted directory's model.safetensors."""
+    path = _check_gguf_file(gguf_path)
+    reader = _open_reader(path)
+    _, _, plan = _build_config(reader, _read_fields(reader), path)
+    out: dict[str, StoredTensor] = {}
+    for item in plan:
+        if len(item.shape) != 2:
+            continue
+        t = reader.tensors[item.reader_index]
+        out[item.hf_name] = StoredTensor(
+            item.hf_name,
+            int(t.tensor_type),
+            t.tensor_type.name,
+            (int(item.shape[0]), int(item.shape[1])),
+            item.permute_heads,
+            t.data,
+        )
+    return out
+
+
+def unpermute_qk_rows(rows: int, n_heads: int):
+    """The row order that undoes llama.cpp's q/k permutation: HF row i is stored row `order[i]`."""
+    import numpy as np
+
+    return _unpermute_qk(np.arange(rows), n_heads)
 
 
 # --------------------------------------------------------------------------------------------------

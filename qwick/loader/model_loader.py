@@ -129,7 +129,7 @@ def build_model(
     `quantization_config` is detected either way.
     """
     model_cls = resolve_model_class(config)
-    quant_config = resolve_quantization(quantization, config)
+    quant_config = resolve_quantization(quantization, config, None if load_format == "dummy" else path)
     start = time.perf_counter()
     torch_default = torch.get_default_dtype()
     try:
@@ -143,7 +143,8 @@ def build_model(
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:
-        loaded = model.load_weights(iterate_safetensors(path))
+        weights = iterate_safetensors(path) if quant_config is None else quant_config.checkpoint_weights(path)
+        loaded = model.load_weights(weights)
         expected = {n for n, _ in model.named_parameters()}
         missing = expected - loaded
         if missing:

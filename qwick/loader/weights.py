@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -21,16 +21,24 @@ def safetensors_files(model_dir: str) -> list[str]:
     return files
 
 
-def iterate_safetensors(model_dir: str, show_progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) over every shard; the bar counts tensors, so big shards show progress too."""
+def iterate_safetensors(
+    model_dir: str, show_progress: bool = True, skip: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) over every shard; the bar counts tensors, so big shards show progress too.
+
+    `skip(name)` True: that tensor is neither read nor yielded."""
     files = safetensors_files(model_dir)
     handles = [safe_open(f, framework="pt") for f in files]
-    total = sum(len(h.keys()) for h in handles)
+    names = [[n for n in h.keys() if skip is None or not skip(n)] for h in handles]  # noqa: SIM118
     with tqdm(
-        total=total, desc="Loading weights", unit="tensor", disable=not show_progress, leave=False
+        total=sum(map(len, names)),
+        desc="Loading weights",
+        unit="tensor",
+        disable=not show_progress,
+        leave=False,
     ) as bar:
-        for handle in handles:
-            for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+        for handle, handle_names in zip(handles, names):
+            for name in handle_names:
                 yield name, handle.get_tensor(name)
                 bar.update(1)
 

@@ -19,6 +19,8 @@ QUANTIZATION_METHODS: dict[str, str] = {
     "compressed-tensors": "qwick.quantization.compressed_tensors:CompressedTensorsConfig",
     "awq": "qwick.quantization.awq:AwqConfig",
     "gptq": "qwick.quantization.gptq:GptqConfig",
+    "int4": "qwick.quantization.int4:Int4Config",
+    "gguf": "qwick.quantization.gguf:GgufConfig",
 }
 
 

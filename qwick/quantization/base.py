@@ -20,6 +20,9 @@ Adding a format (W8A8 in qwick/quantization/w8a8.py is the worked example):
    `apply` runs the matmul (a CPU reference path too); `dense_weight` dequantizes, for exports to
    transformers; `load_dense` (optional) writes a plain weight, for `load_format="dummy"`;
 3. its name in `QUANTIZATION_METHODS` (qwick/quantization/__init__.py).
+
+A format that reads more than config.json (GGUF kept quantized, qwick/quantization/gguf.py) overrides
+`for_model_dir` (it gets the checkpoint directory) and `checkpoint_weights` (the tensors to load).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import json
 import logging
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from qwick.quantization import QUANTIZATION_METHODS, get_quantization_config_cls, quantization_names
 
@@ -57,6 +60,19 @@ class QuantizationConfig(ABC):
             "no quantization_config. On-the-fly quantization of bf16/fp16/fp32 weights: "
             f"{', '.join(on_the_fly_names())}"
         )
+
+    @classmethod
+    def for_model_dir(cls, path: str | None) -> QuantizationConfig:
+        """`quantization=NAME` on the unquantized checkpoint in `path` (None: random weights). Formats that
+        read the checkpoint's own files (GGUF kept quantized) override this; the others need no path."""
+        return cls.for_unquantized_checkpoint()
+
+    def checkpoint_weights(self, path: str) -> Iterator[tuple[str, Any]]:
+        """(name, tensor) pairs to load into the model built with this config: the safetensors in `path`.
+        A format may substitute tensors it reads elsewhere (GGUF blocks for the dequantized weights)."""
+        from qwick.loader.weights import iterate_safetensors
+
+        return iterate_safetensors(path)
 
     @abstractmethod
     def linear_method(self, prefix: str, shard_names: Sequence[str]) -> LinearMethod | None:
@@ -112,8 +128,12 @@ def detect(hf_config) -> QuantizationConfig | None:
     return get_quantization_config_cls(method).from_config(qc)
 
 
-def resolve_quantization(requested: str | None, hf_config) -> QuantizationConfig | None:
-    """The config to build the model with, from `quantization=` and the checkpoint's own config."""
+def resolve_quantization(
+    requested: str | None, hf_config, model_path: str | None = None
+) -> QuantizationConfig | None:
+    """The config to build the model with, from `quantization=` and the checkpoint's own config.
+
+    `model_path`: the checkpoint directory (None for random weights), for formats that read its files."""
     if requested == "none":
         requested = None
     if requested is not None:
@@ -122,7 +142,7 @@ def resolve_quantization(requested: str | None, hf_config) -> QuantizationConfig
     if found is None:
         if requested is None:
             return None
-        return get_quantization_config_cls(requested).for_unquantized_checkpoint()
+        return get_quantization_config_cls(requested).for_model_dir(model_path)
     if requested is not None and requested != found.name and requested not in found.aliases:
         raise ValueError(
             f"the checkpoint is already quantized ({found.describe()}); quantization={requested!r} cannot "

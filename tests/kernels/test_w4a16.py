@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from qwick.quantization.formats import gguf_quant, gptq, rtn
-from qwick.quantization.formats.layout import QuantizedWeight, dequantize
+from qwick.quantization.formats.layout import QuantizedWeight, dequantize, fuse_n
 
 pytestmark = pytest.mark.gpu
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -61,8 +61,20 @@ def _random_gguf(qtype: int, n: int, k: int, seed: int) -> QuantizedWeight:
     return gguf_quant.repack(data, qtype, (n, k))
 
 
+FUSED = {  # 8-bit codes with fp32 scales and mins in groups of 16; 8-bit codes with per-group zero points
+    "gguf-q4k+q4k+q6k": (gguf_quant.Q4_K, gguf_quant.Q4_K, gguf_quant.Q6_K),
+    "gguf-q5_0+q5_0+q8_0": (gguf_quant.Q5_0, gguf_quant.Q5_0, gguf_quant.Q8_0),
+}
+
+
 def _weight(kind: str, n: int, k: int, dev: torch.device) -> QuantizedWeight:
     gen = torch.Generator().manual_seed(n * 7 + k)
+    if kind in FUSED:  # q/k/v of mixed types fused into one layer (`fuse_n`), as GGUF files have them
+        sizes = [n - 2 * (n // 4), n // 4, n // 4]
+        parts = [
+            _random_gguf(t, rows, k, seed=n + k + i) for i, (t, rows) in enumerate(zip(FUSED[kind], sizes))
+        ]
+        return fuse_n(parts).to(dev)
     if kind.startswith("gguf"):
         qtype = {"gguf-q4k": gguf_quant.Q4_K, "gguf-q6k": gguf_quant.Q6_K, "gguf-q8": gguf_quant.Q8_0}[kind]
         return _random_gguf(qtype, n, k, seed=n + k).to(dev)
@@ -116,6 +128,6 @@ def test_int4_matches_reference(kind, n, k):
 
 
 @pytest.mark.parametrize("n,k", GGUF_SHAPES)
-@pytest.mark.parametrize("kind", ["gguf-q4k", "gguf-q6k", "gguf-q8"])
+@pytest.mark.parametrize("kind", ["gguf-q4k", "gguf-q6k", "gguf-q8", *FUSED])
 def test_gguf_matches_reference(kind, n, k):
     _check(kind, n, k, MS[:3] + MS[-1:], bias=True)

@@ -83,7 +83,7 @@ def test_requested_quantization_must_match_the_checkpoint():
     assert resolve_quantization("compressed-tensors", _hf(CT_FP8_DYNAMIC)).name == "compressed-tensors"
     with pytest.raises(ValueError, match="already quantized"):
         resolve_quantization("int8", _hf(QWEN_FP8_BLOCK))
-    with pytest.raises(ValueError, match="needs a checkpoint already quantized.*fp8, int8"):
+    with pytest.raises(ValueError, match="needs a checkpoint already quantized.*fp8, int4, int8"):
         resolve_quantization("compressed-tensors", _hf())
 
 
@@ -123,7 +123,7 @@ def test_engine_config_names():
     assert EngineConfig(quantization="fp8").quantization == "fp8"
     assert EngineConfig(quantization="none").quantization is None
     with pytest.raises(
-        ValueError, match="unknown quantization 'fp4'.*awq, compressed-tensors, fp8, gptq, int8"
+        ValueError, match="unknown quantization 'fp4'.*awq, compressed-tensors, fp8, gguf, gptq, int4, int8"
     ):
         EngineConfig(quantization="fp4")
 

@@ -37,11 +37,13 @@ def quantize_groups(
     groups = w.to(torch.float32).reshape(n, k // group_size, group_size)
     if sym:
         amax = groups.abs().amax(-1)
-        scale = 2 * amax / maxq
+        scale = 2 * amax / torch.full_like(amax, maxq)
     else:
         lo = groups.amin(-1).clamp(max=0)
         hi = groups.amax(-1).clamp(min=0)
-        scale = (hi - lo) / maxq
+        # A tensor divisor, not a Python number: CUDA divides by a scalar as a multiplication by its
+        # reciprocal (not correctly rounded), CPUs divide exactly; this way every device gets the same scale.
+        scale = (hi - lo) / torch.full_like(hi, maxq)
     scales = _fp16_round_up(scale)
     s = scales.to(torch.float32)
     if sym:

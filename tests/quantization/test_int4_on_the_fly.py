@@ -1,0 +1,199 @@
+"""`quantization="int4"`: an fp32/bf16 checkpoint quantized while loading (round to nearest, group 128,
+asymmetric), on qwick's CPU reference path against transformers run on the RTN-dequantized weights.
+
+Dequantization is exact and activations stay unquantized, so in float32 both compute one function: every
+step's logits agree to 1e-4 and the greedy tokens are equal.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from qwick import LLM, SamplingParams
+from qwick.config import EngineConfig
+from qwick.entrypoints.cli import build_parser, engine_config_from_args
+from qwick.layers.linear import Linear
+from qwick.quantization.base import resolve_quantization, weight_bytes
+from qwick.quantization.formats import rtn
+from qwick.quantization.formats.layout import dequantize
+from qwick.quantization.int4 import Int4Config, RtnInt4LinearMethod
+from tests.models.test_decoder_matches_transformers import LogitsRecorder
+from tests.quantization.formats.checkpoints import QUANTIZABLE_DIMS, QUANTIZED_LINEARS, build_awq_checkpoint
+from tests.utils import hf_greedy, hf_logits, make_tiny_model
+
+PROMPTS = [
+    list(range(10, 13)),
+    [(7 * i) % 300 + 5 for i in range(37)],
+    [(3 * i + 1) % 300 + 5 for i in range(17)],
+]
+MAX_TOKENS = 10
+MODULES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def _llm(path: str, dtype: str = "float32", **kwargs) -> LLM:
+    return LLM(path, dtype=dtype, num_gpu_blocks_override=128, block_size=4, max_model_len=256, **kwargs)
+
+
+def _rtn_reference(hf, sym: bool = False, group: int = 128, dtype: torch.dtype = torch.float32) -> None:
+    """Give transformers the weights int4 RTN dequantizes to (layers whose K the group divides), from
+    weights loaded in `dtype` (a bf16 model quantizes the bf16-rounded weights)."""
+    state = hf.state_dict()
+    for name, w in state.items():
+        parts = name.split(".")
+        is_linear = ".layers." in name and parts[-1] == "weight" and parts[-2] in QUANTIZED_LINEARS
+        if is_linear and w.shape[1] % group == 0:
+            state[name] = dequantize(rtn.quantize(w.to(dtype), group, 4, sym))
+    hf.load_state_dict(state)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def int4_model(request, tmp_path_factory):
+    """(checkpoint dir, transformers on the RTN-dequantized weights, the same from bf16 weights)."""
+    path = str(tmp_path_factory.mktemp(f"int4-{request.param}"))
+    hf = make_tiny_model(request.param, path, **QUANTIZABLE_DIMS)
+    hf_bf16 = copy.deepcopy(hf)
+    _rtn_reference(hf)
+    _rtn_reference(hf_bf16, dtype=torch.bfloat16)
+    return path, hf, hf_bf16
+
+
+def test_layers_hold_packed_int4(int4_model):
+    path, _, _ = int4_model
+    model = _llm(path, quantization="int4").llm_engine.core.runner.model
+    assert model.quant_config.name == "int4" and not model.quant_config.sym
+    for module in MODULES:
+        layer = model.get_submodule(f"model.layers.0.{module}")
+        assert isinstance(layer.method, RtnInt4LinearMethod) and layer.method.quantized
+        n, k = layer.output_size, layer.input_size
+        assert layer.weight.dtype == torch.int32 and tuple(layer.weight.shape) == (n, k // 8)
+        assert layer.scales.dtype == torch.float16 and tuple(layer.scales.shape) == (n, k // 128)
+        assert layer.zeros is None or (
+            layer.zeros.dtype == torch.uint8 and layer.zeros.shape == (n, k // 128)
+        )
+        assert layer.method.bits == 4 and layer.method.internal_group_size == 128
+    # the LM head and the embeddings stay in the model dtype
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    head = model.lm_head if model.lm_head is not None else model.model.embed_tokens
+    assert head.weight.dtype == torch.float32
+    assert model.lm_head is None or not model.lm_head.method.quantized
+
+
+def test_logits_match_transformers_on_rtn_weights(int4_model):
+    path, hf, _ = int4_model
+    llm = _llm(path, quantization="int4")
+    recorder = LogitsRecorder(llm)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for prompt, out in zip(PROMPTS, outputs):
+        tokens = out.outputs[0].token_ids
+        assert tokens == hf_greedy(hf, prompt, MAX_TOKENS), f"greedy tokens differ for {prompt[:4]}"
+        ours = torch.stack(recorder.by_request[out.request_id]).cpu()
+        steps = slice(len(prompt) - 1, len(prompt) - 1 + MAX_TOKENS)
+        torch.testing.assert_close(ours, hf_logits(hf, prompt + tokens)[steps], atol=1e-4, rtol=0)
+
+
+def test_export_gives_transformers_the_rtn_weights(int4_model):
+    path, hf, _ = int4_model
+    model = _llm(path, quantization="int4").llm_engine.core.runner.model
+    exported = dict(model.checkpoint_tensors())
+    expected = {
+        n: t for n, t in hf.state_dict().items() if n != "lm_head.weight" or not model.tie_word_embeddings
+    }
+    assert set(exported) == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(exported[name].float().cpu(), tensor, atol=0, rtol=0, msg=name)
+
+
+def test_bfloat16_close_to_reference(int4_model):
+    """bf16: the weights are rounded to bf16 before RTN, and the math runs in bf16."""
+    path, _, hf = int4_model
+    llm = _llm(path, "bfloat16", quantization="int4")
+    recorder = LogitsRecorder(llm)
+    prompt = PROMPTS[1]
+    out = llm.generate(
+        [prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )
+    ours = torch.stack(recorder.by_request[out[0].request_id]).float().cpu()
+    ref = hf_logits(hf, prompt + out[0].outputs[0].token_ids)[len(prompt) - 1 : len(prompt) + 3]
+    assert ((ours - ref).norm() / ref.norm()).item() < 0.05
+
+
+def test_linear_weights_take_about_a_quarter_of_bf16(int4_model):
+    path, _, _ = int4_model
+    plain = weight_bytes(_llm(path, "bfloat16").llm_engine.core.runner.model)
+    int4 = weight_bytes(_llm(path, "bfloat16", quantization="int4").llm_engine.core.runner.model)
+    ratio = plain["linear"] / int4["linear"]
+    # 16 bits against 4 + 16/128 (fp16 scale) + 8/128 (zero point) bits, biases left as they are
+    assert 3.5 < ratio <= 16 / (4 + 0.1875) + 1e-6, ratio
+    assert int4["total"] < plain["total"]
+
+
+def test_layers_whose_k_is_not_a_multiple_of_the_group_stay_unquantized(tmp_path, caplog):
+    """intermediate 192: down_proj has K=192 and stays in the model dtype (logged); the others are int4."""
+    path = str(tmp_path / "odd")
+    hf = make_tiny_model("qwen2", path, hidden_size=256, intermediate_size=192)
+    _rtn_reference(hf)
+    with caplog.at_level(logging.WARNING, logger="qwick.quantization.int4"):
+        llm = _llm(path, quantization="int4")
+    model = llm.llm_engine.core.runner.model
+    for i in range(2):
+        down = model.model.layers[i].mlp.down_proj
+        assert not down.method.quantized and down.weight.dtype == torch.float32
+        assert f"model.layers.{i}.mlp.down_proj has 192 input features" in caplog.text
+        assert model.model.layers[i].mlp.gate_up_proj.weight.dtype == torch.int32
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    out = llm.generate([PROMPTS[1]], params, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == hf_greedy(hf, PROMPTS[1], MAX_TOKENS)
+
+
+def test_symmetric_variant_and_layer_method():
+    """`Int4Config(sym=True)`: zero point 8 as a constant (no zeros tensor); the layer's weights are exactly
+    `rtn.quantize`'s, and the plain weight is gone after processing."""
+    torch.manual_seed(0)
+    w = torch.randn(48, 256) * 0.05
+    for sym in (False, True):
+        method = Int4Config(sym=sym).linear_method("model.layers.0.mlp.down_proj", ["x"])
+        layer = Linear(256, 48, bias=True, method=method)
+        layer.weight.data.copy_(w)
+        layer.bias.data.normal_()
+        method.process_weights_after_loading(layer)
+        assert layer.weight.dtype == torch.int32 and (layer.zeros is None) == sym
+        names = {n for n, _ in layer.named_parameters()}
+        assert names == {"weight", "scales", "bias"} | (set() if sym else {"zeros"})
+        assert sym == (method.zero_point == 8)
+        assert torch.equal(method.dense_weight(layer), dequantize(rtn.quantize(w, 128, 4, sym)))
+        x = torch.randn(3, 256)
+        ref = x @ dequantize(rtn.quantize(w, 128, 4, sym)).T + layer.bias
+        torch.testing.assert_close(layer(x), ref, atol=1e-5, rtol=1e-5)
+    assert Int4Config.for_unquantized_checkpoint().linear_method("lm_head", ["lm_head"]) is None
+
+
+def test_dummy_weights_quantized_on_the_fly(tiny_qwen2_dir, tmp_path):
+    path = str(tmp_path / "dummy")
+    make_tiny_model("qwen2", path, **QUANTIZABLE_DIMS)
+    llm = _llm(path, load_format="dummy", quantization="int4")
+    layer = llm.llm_engine.core.runner.model.model.layers[0].mlp.gate_up_proj
+    assert layer.weight.dtype == torch.int32
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_bad_combinations_are_clear_errors(tmp_path):
+    src, awq_dir = str(tmp_path / "src"), str(tmp_path / "awq")
+    make_tiny_model("qwen2", src, **QUANTIZABLE_DIMS)
+    build_awq_checkpoint(src, awq_dir)
+    with pytest.raises(ValueError, match="already quantized.*quantization='int4' cannot re-quantize"):
+        _llm(awq_dir, quantization="int4")
+    with pytest.raises(ValueError, match="unknown quantization 'int3'.*int4"):
+        EngineConfig(quantization="int3")
+    assert resolve_quantization("int4", None).name == "int4"
+
+
+def test_cli_flag():
+    for name in ("int4", "gguf"):
+        args = build_parser().parse_args(["generate", "some/model", "--quantization", name])
+        assert engine_config_from_args(args).quantization == name
