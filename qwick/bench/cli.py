@@ -15,10 +15,15 @@ from qwick.bench.shapes import SHAPES
 
 
 def _commit() -> str:
+    """HEAD's short hash, with "+modified" when tracked files differ from it (a report from a working tree
+    that is not that commit must not claim to be it)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("+modified" if git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
