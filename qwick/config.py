@@ -32,6 +32,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"  # or "priority": lower `priority` value first, then arrival
     max_waiting_requests: int | None = None  # the server's queue bound; None: unbounded
+    # Schedule step n+1 before step n's sampled tokens reach the host (the engine core overlaps them).
+    async_scheduling: bool = False
 
 
 @dataclass
@@ -51,6 +53,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gib: float = 4.0  # KV pool size when running on the CPU
     enforce_eager: bool = False
+    # Prepare and launch step n+1 while step n runs on the device (see qwick/engine/engine_core.py).
+    async_scheduling: bool = False
     seed: int = 0
     quantization: str | None = None  # "fp8", "int8", ... (qwick.quantization); a checkpoint's is detected
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8" (= "fp8_e4m3"): see KV_CACHE_DTYPES

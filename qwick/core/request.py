@@ -66,6 +66,9 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        # Async scheduling: tokens sampled by steps already launched whose ids the host has not seen yet.
+        # Their positions are scheduled (and counted in num_computed_tokens); `all_token_ids` lacks them.
+        self.num_output_placeholders = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
@@ -90,6 +93,12 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def sample_index(self) -> int:
+        """Index in the output of the token the step being prepared samples for this request (its seed and
+        min_tokens depend on it): the placeholders include that step's own token."""
+        return self.num_output_tokens + max(self.num_output_placeholders - 1, 0)
 
     @property
     def is_finished(self) -> bool:

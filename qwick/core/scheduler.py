@@ -149,7 +149,11 @@ class Scheduler:
                 break
             if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_output_placeholders and not self._can_run_ahead(request):
+                continue  # its next step needs the token still in flight
+            num_new = min(
+                request.num_tokens + request.num_output_placeholders - request.num_computed_tokens, budget
+            )
             if num_new <= 0:
                 continue
             if not self._allocate_or_preempt(request, num_new, out):
@@ -164,7 +168,8 @@ class Scheduler:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             request = self.waiting.peek()
-            if request.structured_output is not None and not request.structured_output.ready:
+            grammar_pending = request.structured_output is not None and not request.structured_output.ready
+            if grammar_pending or request.num_output_placeholders:  # (a preempted request's token in flight)
                 skipped.append(self.waiting.pop())
                 continue
             computed_blocks, num_hit = self.kv_cache.get_computed_blocks(request)
@@ -232,8 +237,41 @@ class Scheduler:
 
     def _add_row(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         block_table = self.kv_cache.get_block_table(request.request_id)
-        out.scheduled.append(ScheduledRequest(request, request.num_computed_tokens, num_new, block_table))
+        start = request.num_computed_tokens
+        known = request.num_tokens
+        row = ScheduledRequest(
+            request,
+            start,
+            num_new,
+            block_table,
+            sample=start + num_new == known + request.num_output_placeholders,
+            placeholder_input=start + num_new > known,
+        )
+        out.scheduled.append(row)
         out.num_batched_tokens += num_new
+        if self.config.async_scheduling:
+            # The positions count as computed from now on, and a sampled token is on its way.
+            request.num_computed_tokens += num_new
+            if row.sample:
+                request.num_output_placeholders += 1
+
+    def _can_run_ahead(self, request: Request) -> bool:
+        """Whether a request may be scheduled again before its in-flight token reaches the host: not when
+        that token decides what the next step does (a grammar's mask, penalties' counts, a seed's
+        position is fine but kept simple here), nor when it may be the last one."""
+        params = request.sampling_params
+        if request.num_output_placeholders > 1:  # one step ahead at most: the runner patches from the last
+            return False
+        if request.structured_output is not None or params.seed is not None:
+            return False
+        if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
+            return False
+        if request.num_output_tokens < params.min_tokens:
+            return False
+        num_out = request.num_output_tokens + request.num_output_placeholders
+        return num_out < request.max_tokens and request.num_tokens + request.num_output_placeholders < (
+            self._max_model_len
+        )
 
     # ---- results -------------------------------------------------------------------------------------
 
@@ -251,8 +289,12 @@ class Scheduler:
             request = row.request
             if self.requests.get(request.request_id) is not request or request.is_finished:
                 continue  # finished or aborted since the step was scheduled
-            sample = row.sample  # before appending, which moves num_tokens
-            request.num_computed_tokens += row.num_tokens
+            sample = row.sample
+            if self.config.async_scheduling:
+                if sample:
+                    request.num_output_placeholders -= 1
+            else:
+                request.num_computed_tokens += row.num_tokens
             if not sample:
                 continue
             new_tokens = sampled_token_ids.get(request.request_id, ())

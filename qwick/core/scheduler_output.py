@@ -18,6 +18,11 @@ class ScheduledRequest:
     start_pos: int  # request.num_computed_tokens before this step
     num_tokens: int  # tokens to compute this step: all_token_ids[start_pos : start_pos + num_tokens]
     block_table: list[int]  # the request's blocks; covers start_pos + num_tokens positions
+    # True when this row reaches the request's last token, so the step yields its next token.
+    sample: bool = False
+    # Async scheduling: the row's last input token was sampled by the previous step and is not on the host
+    # yet (`token_ids` then lacks it); the runner takes it from that step's device output.
+    placeholder_input: bool = False
 
     @property
     def request_id(self) -> str:
@@ -30,11 +35,6 @@ class ScheduledRequest:
     @property
     def end_pos(self) -> int:
         return self.start_pos + self.num_tokens
-
-    @property
-    def sample(self) -> bool:
-        """True when this row reaches the request's last token, so the step yields its next token."""
-        return self.end_pos == self.request.num_tokens
 
 
 @dataclass

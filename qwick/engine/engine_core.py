@@ -15,7 +15,8 @@ from transformers import PretrainedConfig
 from qwick.config import CacheConfig, EngineConfig, SchedulerConfig
 from qwick.core.request import Request, RequestStatus
 from qwick.core.scheduler import Scheduler
-from qwick.runner.model_runner import ModelRunner, TokenLogprobs
+from qwick.core.scheduler_output import SchedulerOutput
+from qwick.runner.model_runner import LaunchedStep, ModelRunner, RunnerOutput, TokenLogprobs
 from qwick.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class EngineCore:
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.scheduling_policy,
+            async_scheduling=config.async_scheduling,
         )
         budget = scheduler_config.max_num_batched_tokens
         if not config.enable_chunked_prefill and budget < max_model_len:
@@ -91,6 +93,8 @@ class EngineCore:
                 "one long request could never run; lower max_model_len or give the KV cache more blocks"
             )
         self._finished_now: list[Request] = []
+        # Async scheduling: the step launched by the previous `step()` call, not yet read back.
+        self._in_flight: tuple[SchedulerOutput, LaunchedStep | None] | None = None
         self.structured_output = StructuredOutputManager(
             hf_config.vocab_size, tokenizer=tokenizer, tokenizer_path=config.tokenizer or model_path
         )
@@ -108,10 +112,14 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> list[EngineCoreOutput]:
-        """Schedule, run the model once, and report what each request got."""
+        """Schedule, run the model once, and report what each request got.
+
+        With async scheduling, a call schedules and launches step n, then reads back step n-1 (launched by
+        the previous call) and reports its tokens: the host's work for step n overlaps the device's work
+        on step n-1, and each token reaches its request one call later."""
         structured = self.structured_output
         if structured.has_pending:
             failed = structured.poll()
@@ -121,9 +129,25 @@ class EngineCore:
         outputs = [self._output(r, [], None) for r in self._finished_now]
         self._finished_now = []
         scheduler_output = self.scheduler.schedule()
-        if scheduler_output.is_empty and structured.has_pending:
+        if scheduler_output.is_empty and structured.has_pending and self._in_flight is None:
             structured.wait(GRAMMAR_WAIT_S)  # nothing runnable until a grammar compiles: wait, don't spin
-        runner_output = self.runner.execute(scheduler_output)  # nothing to run: an empty output
+        if self.config.async_scheduling:
+            launched = self.runner.launch(scheduler_output)
+            previous, self._in_flight = self._in_flight, (scheduler_output, launched)
+            if scheduler_output.is_empty:
+                self._in_flight = None
+            if previous is None:
+                return outputs
+            scheduler_output, launched = previous
+            runner_output = self.runner.collect(launched)
+        else:
+            runner_output = self.runner.execute(scheduler_output)  # nothing to run: an empty output
+        return outputs + self._process(scheduler_output, runner_output)
+
+    def _process(
+        self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
+    ) -> list[EngineCoreOutput]:
+        outputs: list[EngineCoreOutput] = []
         sampled = {rid: [tok] for rid, tok in runner_output.sampled_token_ids.items()}
         updated = self.scheduler.update_from_output(scheduler_output, sampled)
         now = time.monotonic()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -233,15 +234,22 @@ class DecodeGraphRunner:
         return 0 < num_rows <= self.max_bs and max_table_len <= self.width and bool(self.graphs)
 
     def replay(
-        self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]
+        self,
+        token_ids: list[int],
+        positions: list[int],
+        block_tables: list[list[int]],
+        patch: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
         """Run one decode step (row i: token_ids[i] at positions[i]); returns hidden states [bs, hidden]
         whose first len(token_ids) rows are the step's (a view of the graph's output: read it before the
-        next replay)."""
+        next replay). `patch(ids)` may overwrite token ids on the device after the upload (async
+        scheduling fills in tokens the host has not seen yet)."""
         bs = self.bucket_for(len(token_ids))
         g = self.graphs[bs]
         self._fill_host(bs, token_ids, positions, block_tables)
         self._upload(bs)
+        if patch is not None:
+            patch(self._views(bs)["ids"])
         g.graph.replay()
         self.num_replays += 1
         return g.hidden

@@ -21,7 +21,7 @@ from qwick.forward_context import set_forward_context
 from qwick.layers.attention.backend import AttentionBackend, AttentionRow, is_fp8_kv, kv_cache_torch_dtype
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
 from qwick.loader.model_loader import build_model, resolve_dtype
-from qwick.runner.sampler import Sampler, SamplingMetadata
+from qwick.runner.sampler import Sampler, SamplerOutput, SamplingMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,17 @@ class TokenLogprobs:
 class RunnerOutput:
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device: its sampling rows and their samples, being copied to pinned host
+    memory; `ready` (CUDA) fires when the copy is done. Waiting on it, not on the stream, leaves any step
+    launched after this one running."""
+
+    sampling_rows: list
+    sampled: SamplerOutput
+    ready: torch.cuda.Event | None = None
 
 
 def pick_device(name: str) -> torch.device:
@@ -107,6 +118,10 @@ class ModelRunner:
         self._check_kv_cache_dtype()
         self.sampler = Sampler(seed=engine_config.seed)
         self.graph_runner = self._make_graph_runner()
+        # The last launched step's sampled ids (device) and each request's row in them: the inputs of
+        # rows scheduled before those ids reach the host (async scheduling).
+        self._prev_sampled: torch.Tensor | None = None
+        self._prev_rows: dict[str, int] = {}
         self.graph_reserve_bytes = 0  # set by the GPU memory profile when graphs are on
         self.num_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_blocks)
@@ -252,38 +267,62 @@ class ModelRunner:
             layer.kv_cache = None
 
     # ---- one step ------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        """Run one step and return what it sampled (waits for the device)."""
+        return self.collect(self.launch(scheduler_output))
+
+    @torch.inference_mode()
+    def launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep | None:
+        """Queue one step's work on the device and return without waiting for it; `collect` reads the
+        result. Rows whose last input token is still in flight (async scheduling) take it from the
+        previous launched step's sampled ids, on the device. None when the step runs nothing."""
         scheduled = scheduler_output.scheduled
         if not scheduled:
-            return RunnerOutput()
+            return None
         token_ids: list[int] = []
         positions: list[int] = []
         rows: list[AttentionRow] = []
         logits_indices: list[int] = []
         sampling_rows = []
+        patch_dst: list[int] = []  # input slots filled from the previous step's sampled ids
+        patch_src: list[int] = []
         for item in scheduled:
             token_ids.extend(item.token_ids)
+            if item.placeholder_input:
+                patch_dst.append(len(token_ids))
+                patch_src.append(self._prev_rows[item.request_id])
+                token_ids.append(0)
             positions.extend(range(item.start_pos, item.end_pos))
             rows.append(AttentionRow(item.start_pos, item.num_tokens, item.block_table))
             if item.sample:
                 logits_indices.append(len(token_ids) - 1)
                 sampling_rows.append(item)
+        patch = None
+        if patch_dst:
+            dst = torch.tensor(patch_dst, dtype=torch.long).to(self.device, non_blocking=True)
+            src = torch.tensor(patch_src, dtype=torch.long).to(self.device, non_blocking=True)
+            prev = self._prev_sampled
+
+            def patch(ids: torch.Tensor) -> None:
+                ids.index_copy_(0, dst, prev.index_select(0, src).to(ids.dtype))
+
         graphs = self.graph_runner
         if (
             graphs is not None
             and len(token_ids) == len(rows)  # pure decode: one token per row
             and graphs.can_run(len(rows), max(len(r.block_table) for r in rows))
         ):
-            hidden = graphs.replay(token_ids, positions, [r.block_table for r in rows])
+            hidden = graphs.replay(token_ids, positions, [r.block_table for r in rows], patch=patch)
         else:
             metadata = self.backend.build_metadata(rows)
             ids = torch.tensor(token_ids, dtype=torch.long).to(self.device, non_blocking=True)
+            if patch is not None:
+                patch(ids)
             pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
             with set_forward_context(metadata):
                 hidden = self.model(ids, pos)
         if not sampling_rows:
-            return RunnerOutput()
+            return None
         if len(logits_indices) == len(token_ids) and hidden.shape[0] >= len(token_ids):
             selected = hidden[: len(token_ids)]  # every row samples its only token: no gather
         else:
@@ -293,7 +332,23 @@ class ModelRunner:
         requests = [item.request for item in sampling_rows]
         meta = SamplingMetadata.build(requests, self.vocab_size, self.device)
         sampled = self.sampler(logits, meta)
+        self._prev_sampled = sampled.sampled_token_ids
+        self._prev_rows = {item.request_id: i for i, item in enumerate(sampling_rows)}
+        ready = None
+        if self.device.type == "cuda":
+            sampled = sampled.to_host_async()
+            ready = torch.cuda.Event()
+            ready.record()
+        return LaunchedStep(sampling_rows, sampled, ready)
+
+    def collect(self, step: LaunchedStep | None) -> RunnerOutput:
+        """Wait for a launched step and turn its samples into host lists."""
         out = RunnerOutput()
+        if step is None:
+            return out
+        sampling_rows, sampled = step.sampling_rows, step.sampled
+        if step.ready is not None:
+            step.ready.synchronize()
         token_list = sampled.sampled_token_ids.tolist()
         for item, token in zip(sampling_rows, token_list):
             out.sampled_token_ids[item.request_id] = token

@@ -88,6 +88,21 @@ class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [B] long, on the logits' device
     logprobs: LogprobsTensors | None = None
 
+    def to_host_async(self) -> SamplerOutput:
+        """A copy in pinned host memory, queued behind the work that computes it (CUDA; returns self
+        elsewhere). Reading it needs the stream to have reached the copy: record an event after this."""
+        if not self.sampled_token_ids.is_cuda:
+            return self
+
+        def host(t: torch.Tensor) -> torch.Tensor:
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            return out.copy_(t, non_blocking=True)
+
+        lp = self.logprobs
+        if lp is not None:
+            lp = LogprobsTensors(host(lp.logprob_token_ids), host(lp.logprobs), host(lp.selected_token_ranks))
+        return SamplerOutput(host(self.sampled_token_ids), lp)
+
 
 @dataclass
 class SamplingMetadata:
@@ -189,7 +204,7 @@ class SamplingMetadata:
                 any_min_p |= sp.min_p > _EPS
                 if sp.seed is not None:
                     seeded_rows.append(i)
-                    seeded_seeds.append(seed_for_position(sp.seed, req.num_output_tokens))
+                    seeded_seeds.append(seed_for_position(sp.seed, req.sample_index))
 
             pres.append(float(sp.presence_penalty))
             freq.append(float(sp.frequency_penalty))
@@ -204,7 +219,7 @@ class SamplingMetadata:
                         bias_rows.append(i)
                         bias_toks.append(tok)
                         bias_vals.append(b)
-            if req.num_output_tokens < sp.min_tokens:
+            if req.sample_index < sp.min_tokens:
                 for tok in sp.all_stop_token_ids:
                     if 0 <= tok < V:
                         mt_rows.append(i)
