@@ -335,7 +335,7 @@ class ModelRunner:
         self._prev_sampled = sampled.sampled_token_ids
         self._prev_rows = {item.request_id: i for i, item in enumerate(sampling_rows)}
         ready = None
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.config.async_scheduling:
             sampled = sampled.to_host_async()
             ready = torch.cuda.Event()
             ready.record()
