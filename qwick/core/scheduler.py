@@ -257,16 +257,15 @@ class Scheduler:
 
     def _can_run_ahead(self, request: Request) -> bool:
         """Whether a request may be scheduled again before its in-flight token reaches the host: not when
-        that token decides what the next step does (a grammar's mask, penalties' counts, a seed's
-        position is fine but kept simple here), nor when it may be the last one."""
+        that token's value decides what the next step computes (a grammar's mask, penalties' counts), nor
+        when it may be the last one. Seeds and min_tokens depend only on how many tokens came before
+        (`Request.sample_index`), which is known."""
         params = request.sampling_params
         if request.num_output_placeholders > 1:  # one step ahead at most: the runner patches from the last
             return False
-        if request.structured_output is not None or params.seed is not None:
+        if request.structured_output is not None:
             return False
         if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
-            return False
-        if request.num_output_tokens < params.min_tokens:
             return False
         num_out = request.num_output_tokens + request.num_output_placeholders
         return num_out < request.max_tokens and request.num_tokens + request.num_output_placeholders < (

@@ -70,8 +70,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--async-scheduling",
         action="store_true",
         help="experimental: schedule and launch each step before the previous step's tokens are back on "
-        "the host, hiding the host's per-step work behind the GPU (requests with a grammar, penalties or "
-        "a seed wait for their previous token, as without it)",
+        "the host, hiding the host's per-step work behind the GPU (requests with a grammar or penalties "
+        "wait for their previous token, as without it)",
     )
     g.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling and dummy weights")
     g.add_argument(
