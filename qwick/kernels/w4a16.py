@@ -38,7 +38,7 @@ from qwick.quantization.formats.layout import QuantizedWeight
 ZERO_CONST, ZERO_TENSOR, ZERO_MINS = 0, 1, 2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # as the bf16 GEMV: a new batch size must not compile mid-serving
 def _qgemv_kernel(
     x_ptr,
     qw_ptr,

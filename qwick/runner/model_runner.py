@@ -185,7 +185,7 @@ class ModelRunner:
     def kv_bytes_per_block(self) -> int:
         layers = self.model.attention_layers()
         per_layer = 2 * self.block_size * layers[0].num_kv_heads * layers[0].head_dim
-        return per_layer * len(layers) * torch.tensor([], dtype=self.kv_cache_dtype).element_size()
+        return per_layer * len(layers) * self.kv_cache_dtype.itemsize
 
     def _check_kv_cache_dtype(self) -> None:
         if not is_fp8_kv(self.kv_cache_dtype):
@@ -332,13 +332,14 @@ class ModelRunner:
         requests = [item.request for item in sampling_rows]
         meta = SamplingMetadata.build(requests, self.vocab_size, self.device)
         sampled = self.sampler(logits, meta)
-        self._prev_sampled = sampled.sampled_token_ids
-        self._prev_rows = {item.request_id: i for i, item in enumerate(sampling_rows)}
         ready = None
-        if self.device.type == "cuda" and self.config.async_scheduling:
-            sampled = sampled.to_host_async()
-            ready = torch.cuda.Event()
-            ready.record()
+        if self.config.async_scheduling:  # the next step may read these on the device
+            self._prev_sampled = sampled.sampled_token_ids
+            self._prev_rows = {item.request_id: i for i, item in enumerate(sampling_rows)}
+            if self.device.type == "cuda":
+                sampled = sampled.to_host_async()
+                ready = torch.cuda.Event()
+                ready.record()
         return LaunchedStep(sampling_rows, sampled, ready)
 
     def collect(self, step: LaunchedStep | None) -> RunnerOutput:
