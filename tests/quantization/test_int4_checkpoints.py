@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from qwick import LLM, SamplingParams
-from tests.models.test_decoder_matches_transformers import LogitsRecorder
+from tests.models.test_decoder_matches_transformers import LogitsRecorder, check_against_reference
 from tests.quantization.formats.checkpoints import (
     QUANTIZABLE_DIMS,
     build_awq_checkpoint,
     build_gptq_checkpoint,
 )
-from tests.utils import hf_greedy, hf_logits, make_tiny_model
+from tests.utils import hf_logits, make_tiny_model
 
 PROMPTS = [
     list(range(10, 13)),
@@ -70,15 +70,7 @@ def test_format_is_detected(checkpoint):
 def test_logits_match_transformers(checkpoint):
     _, path, hf = checkpoint
     llm = _llm(path)
-    recorder = LogitsRecorder(llm)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    for prompt, out in zip(PROMPTS, outputs):
-        tokens = out.outputs[0].token_ids
-        assert tokens == hf_greedy(hf, prompt, MAX_TOKENS), f"greedy tokens differ for {prompt[:4]}"
-        ours = torch.stack(recorder.by_request[out.request_id]).cpu()
-        steps = slice(len(prompt) - 1, len(prompt) - 1 + MAX_TOKENS)
-        torch.testing.assert_close(ours, hf_logits(hf, prompt + tokens)[steps], atol=1e-4, rtol=0)
+    check_against_reference(llm, hf, PROMPTS, MAX_TOKENS)
 
 
 def test_export_gives_transformers_the_dequantized_weights(checkpoint):

@@ -21,7 +21,7 @@ from qwick.quantization.base import resolve_quantization, weight_bytes
 from qwick.quantization.formats import rtn
 from qwick.quantization.formats.layout import dequantize
 from qwick.quantization.int4 import Int4Config, RtnInt4LinearMethod
-from tests.models.test_decoder_matches_transformers import LogitsRecorder
+from tests.models.test_decoder_matches_transformers import LogitsRecorder, check_against_reference
 from tests.quantization.formats.checkpoints import QUANTIZABLE_DIMS, QUANTIZED_LINEARS, build_awq_checkpoint
 from tests.utils import hf_greedy, hf_logits, make_tiny_model
 
@@ -85,15 +85,7 @@ def test_layers_hold_packed_int4(int4_model):
 def test_logits_match_transformers_on_rtn_weights(int4_model):
     path, hf, _ = int4_model
     llm = _llm(path, quantization="int4")
-    recorder = LogitsRecorder(llm)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    for prompt, out in zip(PROMPTS, outputs):
-        tokens = out.outputs[0].token_ids
-        assert tokens == hf_greedy(hf, prompt, MAX_TOKENS), f"greedy tokens differ for {prompt[:4]}"
-        ours = torch.stack(recorder.by_request[out.request_id]).cpu()
-        steps = slice(len(prompt) - 1, len(prompt) - 1 + MAX_TOKENS)
-        torch.testing.assert_close(ours, hf_logits(hf, prompt + tokens)[steps], atol=1e-4, rtol=0)
+    check_against_reference(llm, hf, PROMPTS, MAX_TOKENS)
 
 
 def test_export_gives_transformers_the_rtn_weights(int4_model):
