@@ -127,9 +127,13 @@ class PackedLinearMethod(LinearMethod):
             and x2.dtype in (torch.bfloat16, torch.float16)
             and 0 < x2.shape[0] <= 16
         ):
+            from qwick.kernels.row_gemv import w4_row_gemv, w4_row_supported
             from qwick.kernels.w4a16 import quant_matmul
 
-            y = quant_matmul(x2, weight, layer.bias, self.workspace)
+            if x2.shape[0] == 1 and w4_row_supported(weight):  # batch 1: decode on the CUDA cores
+                y = w4_row_gemv(x2, weight, layer.bias, self.workspace)
+            else:
+                y = quant_matmul(x2, weight, layer.bias, self.workspace)
         else:
             y = self.apply_reference(layer, x2, weight)
         return y.reshape(*shape[:-1], y.shape[-1])

@@ -1,0 +1,229 @@
+"""Batch-1 GEMV on 8-bit and 4-bit codes: the CUDA-core kernels of `qwick.kernels.row_gemv` against the
+tensor-core kernels they replace at M = 1 (`gemv` on 8-bit codes, `w4a16.quant_matmul`) and cuBLAS on the
+bf16 layer, at the qwen2.5-7b layer shapes. Sweeps launch shapes, checks every candidate against a float64
+reference, prints a table and writes JSON (argv[1], default row_gemv_sweep.json).
+
+MODES=int8,fp8,int4 picks the weight formats; ONLY=7b.down picks shapes by prefix; BUDGET_S caps the sweep.
+Times are `triton.testing.do_bench` medians (L2 flushed between runs); TB/s counts the bytes of the codes
+(plus scales and zero points for int4).
+"""
+
+import itertools
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.getcwd())
+from qwick.kernels.gemv import GemvWorkspace, _gemv_epilogue, gemv  # noqa: E402
+from qwick.kernels.row_gemv import (  # noqa: E402
+    RowGemvConfig,
+    default_w4_config,
+    default_w8_config,
+    w4_row_gemv,
+    w8_row_gemv,
+)
+from qwick.kernels.w4a16 import quant_matmul  # noqa: E402
+from qwick.quantization.formats import rtn  # noqa: E402
+from qwick.quantization.formats.layout import dequantize  # noqa: E402
+from qwick.quantization.w8a8 import quantize_weight_per_channel  # noqa: E402
+
+SHAPES = {
+    "7b.qkv": (4608, 3584),
+    "7b.o": (3584, 3584),
+    "7b.gate_up": (37888, 3584),
+    "7b.down": (3584, 18944),
+}
+if torch.cuda.is_available():
+    dev = torch.device("cuda")
+    ws = GemvWorkspace(dev, max_elems=1 << 24)
+else:  # a smoke test of this script: TRITON_INTERPRET=1 on the CPU, tiny shapes, fake timings
+    dev = torch.device("cpu")
+    ws = GemvWorkspace.__new__(GemvWorkspace)
+    ws.partials, ws.counters, ws.num_sms = torch.empty(1 << 20), torch.zeros(1 << 12, dtype=torch.int32), 4
+    ws.configs = {}
+    SHAPES = {"tiny.a": (64, 512), "tiny.b": (32, 1024)}
+    triton.testing.do_bench = lambda fn, **kw: (fn(), 1.0)[1]
+SHAPES = {k: v for k, v in SHAPES.items() if k.startswith(os.environ.get("ONLY", ""))}
+MODES = os.environ.get("MODES", "int8,fp8,int4").split(",")
+BUDGET_S = float(os.environ.get("BUDGET_S", "400"))
+OUT = sys.argv[1] if len(sys.argv) > 1 else "row_gemv_sweep.json"
+T0 = time.time()
+
+
+@triton.jit
+def _fp8_native_row_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    ws_ptr,
+    counter_ptr,
+    N,
+    K,
+    SPLIT_K: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """The plain way, for comparison: load fp8 codes, Triton's own conversion to fp32, FMA."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    n_ok = rn < N
+    per = tl.cdiv(tl.cdiv(K, SPLIT_K), BK) * BK
+    k0 = pid_k * per
+    k1 = tl.minimum(k0 + per, K)
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    rows = w_ptr + rn.to(tl.int64)[:, None] * K
+    for k in range(k0, k1, BK):
+        w = tl.load(rows + (k + rk)[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
+        acc += w * tl.load(x_ptr + k + rk).to(tl.float32)[None, :]
+    acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[:, None]
+    rm = tl.arange(0, 1)
+    _gemv_epilogue(
+        tl.sum(acc, axis=1)[None, :],
+        y_ptr,
+        y_ptr,
+        ws_ptr,
+        counter_ptr,
+        rm,
+        rn,
+        rm < 1,
+        n_ok,
+        pid_n,
+        pid_k,
+        N,
+        0,
+        False,
+        SPLIT_K,
+        1,
+        BN,
+    )
+
+
+def fp8_native(x, codes, scale, bn, bk, split, warps, stages):
+    n, k = codes.shape
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _fp8_native_row_kernel[(triton.cdiv(n, bn), split)](
+        x,
+        codes,
+        scale,
+        y,
+        ws.partials,
+        ws.counters,
+        n,
+        k,
+        SPLIT_K=split,
+        BN=bn,
+        BK=bk,
+        num_warps=warps,
+        num_stages=stages,
+    )
+    return y
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+
+
+def sweep(name, run, cands, ref, nbytes):
+    """Time every candidate that matches the reference; returns [(us, label)] sorted."""
+    out = []
+    for label, args in cands:
+        if time.time() - T0 > BUDGET_S:
+            print("budget spent, stopping the sweep", flush=True)
+            break
+        try:
+            y = run(*args)
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+            if not err < 5e-3:
+                print(f"BAD {name} {label} err={err:.3g}", flush=True)
+                continue
+            out.append((bench(lambda a=args: run(*a)) * 1e3, label))
+        except Exception as e:  # a shape the compiler rejects (registers, shared memory)
+            print(f"skip {name} {label}: {type(e).__name__} {str(e)[:100]}", flush=True)
+    out.sort()
+    return [(t, label, nbytes / (t * 1e-6) / 1e12) for t, label in out]
+
+
+def case(name: str, n: int, k: int, mode: str) -> dict:
+    """Old kernel, cuBLAS and the swept row-GEMV candidates for one layer shape and weight format."""
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    t_cublas = bench(lambda w=w, x=x: F.linear(x, w)) * 1e3
+    splits = (1, 2) if n >= 16384 else (1, 2, 4, 8)
+    if mode in ("int8", "fp8"):
+        qdtype = torch.int8 if mode == "int8" else torch.float8_e4m3fn
+        codes, scale = quantize_weight_per_channel(w, qdtype)
+        scale = scale.reshape(-1).contiguous()
+        ref = (x.double() @ codes.double().T) * scale.double()
+        nbytes = codes.numel() + 4 * n
+        t_old = bench(lambda: gemv(x, codes, None, ws, weight_scale=scale)) * 1e3
+        cands = [("default " + str(default_w8_config(n, k // 4, ws.num_sms)), (None,))]
+        cands += [
+            (f"bn{bn} bw{bw} split{sk} w{nw} s{ns}", (RowGemvConfig(bn, bw, sk, nw, ns),))
+            for bn, bw, sk, nw, ns in itertools.product((16, 32, 64), (32, 64), splits, (4,), (1, 3))
+        ]
+        cands += [
+            (f"bn{bn} bw{bw} split{sk} w8 s3", (RowGemvConfig(bn, bw, sk, 8, 3),))
+            for bn, bw, sk in itertools.product((64, 128), (32,), splits)
+        ]
+        rows = sweep(name, lambda cfg: w8_row_gemv(x, codes, scale, None, ws, cfg), cands, ref, nbytes)
+        if mode == "fp8":
+            ncands = [
+                (f"native bn{bn} bk{bk} split{sk} w4 s{ns}", (bn, bk, sk, 4, ns))
+                for bn, bk, sk, ns in itertools.product((16, 32), (128, 256), splits, (1, 3))
+            ]
+            rows += sweep(name, lambda *a: fp8_native(x, codes, scale, *a), ncands, ref, nbytes)
+            rows.sort()
+    else:
+        qw = rtn.quantize(w, group_size=128)
+        ref = x.double() @ dequantize(qw).double().T
+        nbytes = qw.nbytes
+        t_old = bench(lambda: quant_matmul(x, qw, None, ws)) * 1e3
+        cands = [("default " + str(default_w4_config(n, k // 8, 16, ws.num_sms)), (None,))]
+        cands += [
+            (f"bn{bn} split{sk} w{nw} s{ns}", (RowGemvConfig(bn, 16, sk, nw, ns),))
+            for bn, sk, nw, ns in itertools.product((16, 32, 64, 128), splits, (4,), (1, 3))
+        ]
+        cands += [
+            (f"bn{bn} split{sk} w8 s3", (RowGemvConfig(bn, 16, sk, 8, 3),))
+            for bn, sk in itertools.product((128, 256), splits)
+        ]
+        rows = sweep(name, lambda cfg: w4_row_gemv(x, qw, None, ws, cfg), cands, ref, nbytes)
+    default = next((r for r in rows if r[1].startswith("default")), None)
+    result = {
+        "n": n,
+        "k": k,
+        "bytes": nbytes,
+        "cublas_bf16_us": t_cublas,
+        "old_kernel_us": t_old,
+        "default_us": default[0] if default else None,
+        "best": rows[:8],
+    }
+    best = rows[0] if rows else (float("nan"), "-", 0.0)
+    print(
+        f"{name:22s} cuBLAS bf16 {t_cublas:7.1f} us | old {t_old:7.1f} us ({nbytes / t_old / 1e6:4.2f} TB/s)"
+        f" | default {default[0] if default else float('nan'):7.1f} us"
+        f" | best {best[0]:7.1f} us ({best[2]:4.2f} TB/s) {best[1]}",
+        flush=True,
+    )
+    for t, label, tbs in rows[1:5]:
+        print(f"{'':22s}   {t:7.1f} us ({tbs:4.2f} TB/s) {label}", flush=True)
+    return result
+
+
+results = {
+    f"{sname}.{mode}": case(f"{sname}.{mode}", n, k, mode)
+    for (sname, (n, k)), mode in itertools.product(SHAPES.items(), MODES)
+}
+with open(OUT, "w") as f:
+    device = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    json.dump({"device": device, "results": results}, f, indent=1)
+print("wrote", OUT, f"in {time.time() - T0:.0f} s")
