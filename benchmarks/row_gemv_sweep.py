@@ -1,7 +1,7 @@
-"""Batch-1 GEMV on 8-bit and 4-bit codes: the CUDA-core kernels of `qwick.kernels.row_gemv` against the
-tensor-core kernels they replace at M = 1 (`gemv` on 8-bit codes, `w4a16.quant_matmul`) and cuBLAS on the
-bf16 layer, at the qwen2.5-7b layer shapes. Sweeps launch shapes, checks every candidate against a float64
-reference, prints a table and writes JSON (argv[1], default row_gemv_sweep.json).
+"""Batch-1 GEMV on 8-bit and 4-bit codes on the CUDA cores (int4: `qwick.kernels.row_gemv`; 8-bit: the
+variant defined here) against the tensor-core kernels (`gemv` on 8-bit codes, `w4a16.quant_matmul`) and
+cuBLAS on the bf16 layer, at the qwen2.5-7b layer shapes. Sweeps launch shapes, checks every candidate
+against a float64 reference, prints a table and writes JSON (argv[1], default row_gemv_sweep.json).
 
 MODES=int8,fp8,int4 picks the weight formats; ONLY=7b.down picks shapes by prefix; BUDGET_S caps the sweep.
 Times are `triton.testing.do_bench` medians (L2 flushed between runs); TB/s counts the bytes of the codes
@@ -20,13 +20,13 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.gemv import GemvWorkspace, _gemv_epilogue, gemv  # noqa: E402
+from qwick.kernels.gemv import GemvWorkspace, gemv  # noqa: E402
 from qwick.kernels.row_gemv import (  # noqa: E402
     RowGemvConfig,
+    _check_workspace,
+    _row_epilogue,
     default_w4_config,
-    default_w8_config,
     w4_row_gemv,
-    w8_row_gemv,
 )
 from qwick.kernels.w4a16 import quant_matmul  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
@@ -56,74 +56,106 @@ OUT = sys.argv[1] if len(sys.argv) > 1 else "row_gemv_sweep.json"
 T0 = time.time()
 
 
+# The 8-bit variant: Triton's int8 / fp8 conversion to fp32, then FMAs (no faster than qwick.kernels.gemv).
 @triton.jit
-def _fp8_native_row_kernel(
+def _w8_row_kernel(
     x_ptr,
     w_ptr,
     s_ptr,
+    b_ptr,
     y_ptr,
     ws_ptr,
     counter_ptr,
     N,
     K,
+    stride_wn,
+    HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
-    """The plain way, for comparison: load fp8 codes, Triton's own conversion to fp32, FMA."""
+    """y[0, n] = s[n] * sum_k w[n, k] * x[0, k] (+ b[n]) for int8 or fp8 e4m3 codes w."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rn = pid_n * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
-    per = tl.cdiv(tl.cdiv(K, SPLIT_K), BK) * BK
-    k0 = pid_k * per
-    k1 = tl.minimum(k0 + per, K)
-    acc = tl.zeros((BN, BK), dtype=tl.float32)
-    rows = w_ptr + rn.to(tl.int64)[:, None] * K
-    for k in range(k0, k1, BK):
-        w = tl.load(rows + (k + rk)[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
-        acc += w * tl.load(x_ptr + k + rk).to(tl.float32)[None, :]
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if PREFETCH:  # the next tile's load is issued before this tile's arithmetic: twice the bytes in flight
+        w = tl.load(
+            w_rows + (k_start + rk)[None, :], mask=n_ok[:, None] & (k_start + rk < k_end)[None, :], other=0.0
+        )
+    for k in range(k_start, k_end, BLOCK_K):
+        x = tl.load(x_ptr + k + rk).to(tl.float32)
+        if PREFETCH:
+            nxt = k + BLOCK_K
+            w_next = tl.load(
+                w_rows + (nxt + rk)[None, :], mask=n_ok[:, None] & (nxt + rk < k_end)[None, :], other=0.0
+            )
+        else:
+            w = tl.load(w_rows + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+        if PREFETCH:
+            w = w_next
     acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[:, None]
-    rm = tl.arange(0, 1)
-    _gemv_epilogue(
-        tl.sum(acc, axis=1)[None, :],
-        y_ptr,
-        y_ptr,
-        ws_ptr,
-        counter_ptr,
-        rm,
-        rn,
-        rm < 1,
-        n_ok,
-        pid_n,
-        pid_k,
-        N,
-        0,
-        False,
-        SPLIT_K,
-        1,
-        BN,
+    _row_epilogue(
+        acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rn, n_ok, pid_n, pid_k, N, HAS_BIAS, SPLIT_K, BLOCK_N
     )
 
 
-def fp8_native(x, codes, scale, bn, bk, split, warps, stages):
+def default_w8_config(n: int, k: int, num_sms: int) -> RowGemvConfig:
+    """Launch shape for 8-bit codes: split K until about four programs per SM are streaming."""
+    block_n, block_k = 16, 256
+    tiles = triton.cdiv(n, block_n)
+    split = 1
+    while tiles * split < 4 * num_sms and k // (block_k * split * 2) >= 2:
+        split *= 2
+    return RowGemvConfig(block_n, block_k, split)
+
+
+def w8_row_gemv(  # the 8-bit CUDA-core variant, kept here for comparison
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    ws: GemvWorkspace,
+    config: RowGemvConfig | None = None,
+) -> torch.Tensor:
+    """`(x @ codes.T) * scale + bias` for one row x [1, K] and 8-bit codes [N, K] (int8 or fp8 e4m3),
+    `scale` fp32 [N] per output channel."""
     n, k = codes.shape
+    if x.shape != (1, k) or not codes.is_contiguous() or x.stride(1) != 1:
+        raise ValueError(f"w8_row_gemv needs x [1, {k}] with unit stride and contiguous codes")
+    if codes.dtype not in (torch.int8, torch.float8_e4m3fn):
+        raise ValueError(f"8-bit codes must be int8 or float8_e4m3fn, got {codes.dtype}")
+    cfg = config or default_w8_config(n, k, ws.num_sms)
+    if k % cfg.block_k:
+        raise ValueError(f"K={k} is not a multiple of the tile depth {cfg.block_k}")
+    tiles = _check_workspace(ws, n, cfg)
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _fp8_native_row_kernel[(triton.cdiv(n, bn), split)](
+    _w8_row_kernel[(tiles, cfg.split_k)](
         x,
         codes,
         scale,
+        bias if bias is not None else scale,
         y,
         ws.partials,
         ws.counters,
         n,
         k,
-        SPLIT_K=split,
-        BN=bn,
-        BK=bk,
-        num_warps=warps,
-        num_stages=stages,
+        codes.stride(0),
+        HAS_BIAS=bias is not None,
+        SPLIT_K=cfg.split_k,
+        PREFETCH=cfg.prefetch,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return y
 
@@ -157,7 +189,7 @@ def case(name: str, n: int, k: int, mode: str) -> dict:
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
     x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
     t_cublas = bench(lambda w=w, x=x: F.linear(x, w)) * 1e3
-    splits = (1, 2) if n >= 16384 else (1, 2, 4, 8)
+    splits = (1, 2) if n >= 16384 else (4, 8, 16)
     if mode in ("int8", "fp8"):
         qdtype = torch.int8 if mode == "int8" else torch.float8_e4m3fn
         codes, scale = quantize_weight_per_channel(w, qdtype)
@@ -165,23 +197,14 @@ def case(name: str, n: int, k: int, mode: str) -> dict:
         ref = (x.double() @ codes.double().T) * scale.double()
         nbytes = codes.numel() + 4 * n
         t_old = bench(lambda: gemv(x, codes, None, ws, weight_scale=scale)) * 1e3
-        cands = [("default " + str(default_w8_config(n, k // 4, ws.num_sms)), (None,))]
+        cands = [("default " + str(default_w8_config(n, k, ws.num_sms)), (None,))]
         cands += [
-            (f"bn{bn} bw{bw} split{sk} w{nw} s{ns}", (RowGemvConfig(bn, bw, sk, nw, ns),))
-            for bn, bw, sk, nw, ns in itertools.product((16, 32, 64), (32, 64), splits, (4,), (1, 3))
-        ]
-        cands += [
-            (f"bn{bn} bw{bw} split{sk} w8 s3", (RowGemvConfig(bn, bw, sk, 8, 3),))
-            for bn, bw, sk in itertools.product((64, 128), (32,), splits)
+            (f"bn{bn} bk{bk} split{sk} w4 pf{pf}", (RowGemvConfig(bn, bk, sk, 4, 1, bool(pf)),))
+            for (bn, bk), sk, pf in itertools.product(
+                ((16, 256), (32, 256), (16, 512), (32, 128)), splits, (0, 1)
+            )
         ]
         rows = sweep(name, lambda cfg: w8_row_gemv(x, codes, scale, None, ws, cfg), cands, ref, nbytes)
-        if mode == "fp8":
-            ncands = [
-                (f"native bn{bn} bk{bk} split{sk} w4 s{ns}", (bn, bk, sk, 4, ns))
-                for bn, bk, sk, ns in itertools.product((16, 32), (128, 256), splits, (1, 3))
-            ]
-            rows += sweep(name, lambda *a: fp8_native(x, codes, scale, *a), ncands, ref, nbytes)
-            rows.sort()
     else:
         qw = rtn.quantize(w, group_size=128)
         ref = x.double() @ dequantize(qw).double().T
@@ -189,12 +212,8 @@ def case(name: str, n: int, k: int, mode: str) -> dict:
         t_old = bench(lambda: quant_matmul(x, qw, None, ws)) * 1e3
         cands = [("default " + str(default_w4_config(n, k // 8, 16, ws.num_sms)), (None,))]
         cands += [
-            (f"bn{bn} split{sk} w{nw} s{ns}", (RowGemvConfig(bn, 16, sk, nw, ns),))
-            for bn, sk, nw, ns in itertools.product((16, 32, 64, 128), splits, (4,), (1, 3))
-        ]
-        cands += [
-            (f"bn{bn} split{sk} w8 s3", (RowGemvConfig(bn, 16, sk, 8, 3),))
-            for bn, sk in itertools.product((128, 256), splits)
+            (f"bn{bn} split{sk} w{nw} pf{int(pf)}", (RowGemvConfig(bn, 16, sk, nw, 1, pf),))
+            for bn, sk, nw, pf in itertools.product((64, 128, 256), splits, (4, 8), (False, True))
         ]
         rows = sweep(name, lambda cfg: w4_row_gemv(x, qw, None, ws, cfg), cands, ref, nbytes)
     default = next((r for r in rows if r[1].startswith("default")), None)

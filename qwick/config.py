@@ -54,7 +54,8 @@ class EngineConfig:
     cpu_kv_cache_gib: float = 4.0  # KV pool size when running on the CPU
     enforce_eager: bool = False
     # Prepare and launch step n+1 while step n runs on the device (see qwick/engine/engine_core.py).
-    async_scheduling: bool = False
+    # None: on with a GPU (it hides the host's per-step work), off on the CPU (nothing runs alongside).
+    async_scheduling: bool | None = None
     seed: int = 0
     quantization: str | None = None  # "fp8", "int8", ... (qwick.quantization); a checkpoint's is detected
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8" (= "fp8_e4m3"): see KV_CACHE_DTYPES
@@ -106,3 +107,12 @@ class EngineConfig:
             raise ValueError(
                 f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}."
             )
+
+
+def default_max_num_batched_tokens(config: EngineConfig, max_model_len: int) -> int:
+    """Tokens one step may schedule: `max_num_batched_tokens`, or by default 8192 (at least max_model_len
+    without chunked prefill, where a whole prompt must fit in one step). The scheduler spends it; the
+    runner's memory profile runs a step of this size."""
+    if config.max_num_batched_tokens is not None:
+        return config.max_num_batched_tokens
+    return 8192 if config.enable_chunked_prefill else max(8192, max_model_len)

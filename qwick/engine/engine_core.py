@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 
-from qwick.config import CacheConfig, EngineConfig, SchedulerConfig
+from qwick.config import CacheConfig, EngineConfig, SchedulerConfig, default_max_num_batched_tokens
 from qwick.core.request import Request, RequestStatus
 from qwick.core.scheduler import Scheduler
 from qwick.core.scheduler_output import SchedulerOutput
@@ -38,12 +38,6 @@ class EngineCoreOutput:
     finished_time: float | None
 
 
-def default_max_num_batched_tokens(config: EngineConfig, max_model_len: int) -> int:
-    if config.max_num_batched_tokens is not None:
-        return config.max_num_batched_tokens
-    return 8192 if config.enable_chunked_prefill else max(8192, max_model_len)
-
-
 # How long an idle step waits for a grammar to finish compiling before returning (so the loop still
 # notices new input and aborts at this pace, without spinning).
 GRAMMAR_WAIT_S = 0.05
@@ -63,6 +57,9 @@ class EngineCore:
         self.config = config
         self.max_model_len = max_model_len
         self.runner = ModelRunner(config, hf_config, model_path, max_model_len)
+        self.async_scheduling = config.async_scheduling
+        if self.async_scheduling is None:  # auto: worth it only where the device runs beside the host
+            self.async_scheduling = self.runner.device.type == "cuda"
         cache_config = CacheConfig(
             block_size=config.block_size,
             num_gpu_blocks=self.runner.num_blocks,
@@ -77,7 +74,7 @@ class EngineCore:
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.scheduling_policy,
-            async_scheduling=config.async_scheduling,
+            async_scheduling=self.async_scheduling,
         )
         budget = scheduler_config.max_num_batched_tokens
         if not config.enable_chunked_prefill and budget < max_model_len:
@@ -131,7 +128,7 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and structured.has_pending and self._in_flight is None:
             structured.wait(GRAMMAR_WAIT_S)  # nothing runnable until a grammar compiles: wait, don't spin
-        if self.config.async_scheduling:
+        if self.async_scheduling:
             launched = self.runner.launch(scheduler_output)
             previous, self._in_flight = self._in_flight, (scheduler_output, launched)
             if scheduler_output.is_empty:

@@ -68,10 +68,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true", help="never capture CUDA graphs")
     g.add_argument(
         "--async-scheduling",
-        action="store_true",
-        help="experimental: schedule and launch each step before the previous step's tokens are back on "
-        "the host, hiding the host's per-step work behind the GPU (requests with a grammar or penalties "
-        "wait for their previous token, as without it)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule and launch each step before the previous step's tokens are back on the host, "
+        "hiding the host's per-step work behind the GPU (requests with a grammar or penalties wait for "
+        "their previous token, as without it). Default: on with a GPU, off on the CPU",
     )
     g.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling and dummy weights")
     g.add_argument(

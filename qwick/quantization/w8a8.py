@@ -250,12 +250,9 @@ class W8A8LinearMethod(LinearMethod):
         skinny = x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16)
         if self.block is None and skinny and self.skinny_gemm and self.workspace is not None:
             # Decode: stream the 8-bit codes against the unquantized activations (W8A16).
-            scale = self.weight_scale(layer)
-            if x.shape[0] == 1 and k % 4 == 0:  # batch 1: decode the codes on the CUDA cores
-                from qwick.kernels.row_gemv import w8_row_gemv
-
-                return w8_row_gemv(x.contiguous(), layer.weight, scale, layer.bias, self.workspace)
             from qwick.kernels.gemv import gemv
+
+            scale = self.weight_scale(layer)
 
             return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
         if not self.quantize_activations:

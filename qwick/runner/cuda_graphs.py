@@ -175,12 +175,31 @@ class DecodeGraphRunner:
 
     # ---- capture -------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run_eager(self, bs: int) -> torch.Tensor:
-        """One padded all-padding forward at bucket `bs` (memory profiling, warm-up); touches no KV."""
+    def run_eager(self, bs: int, md: AttentionMetadata | None = None) -> torch.Tensor:
+        """One padded all-padding forward at bucket `bs` (memory profiling, warm-up); touches no KV.
+        `md` (from `_metadata(bs)`) keeps the attention scratch the forward allocates, as a graph does."""
         self._fill_host(bs, [], [], [])
         self._upload(bs)
-        md = self._metadata(bs)
+        md = md if md is not None else self._metadata(bs)
         return self._with_splits(bs, lambda: self._forward(bs, md))
+
+    def profile_pool_bytes(self) -> int:
+        """About the bytes the graphs' shared pool will reserve, measured before capture: every bucket's
+        forward run eagerly in capture order from an emptied cache, each keeping its output and attention
+        scratch alive as its graph will (the pool holds the largest bucket's activations plus what every
+        graph keeps)."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_reserved(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        kept = []
+        for bs in reversed(self.buckets):
+            md = self._metadata(bs)
+            kept.append((md, self.run_eager(bs, md)))
+        torch.cuda.synchronize(self.device)
+        used = torch.cuda.max_memory_reserved(self.device) - base
+        del kept
+        return used
 
     def _with_splits(self, bs: int, fn):
         if not hasattr(self.backend, "fixed_num_splits"):

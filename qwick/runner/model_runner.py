@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
-from qwick.config import EngineConfig
+from qwick.config import EngineConfig, default_max_num_batched_tokens
 from qwick.core.scheduler_output import SchedulerOutput
 from qwick.forward_context import set_forward_context
 from qwick.layers.attention.backend import AttentionBackend, AttentionRow, is_fp8_kv, kv_cache_torch_dtype
@@ -128,6 +128,13 @@ class ModelRunner:
         self._log_kv_cache()
         if self.graph_runner is not None:
             self._capture_graphs()
+        if self.device.type == "cuda" and engine_config.num_gpu_blocks_override is None:
+            # Leave the allocator's cache holding the profiled worst step's blocks (graph capture emptied
+            # it), so that later steps carve theirs out of those. From an empty cache, a batch growing
+            # step by step needs slightly larger sampler blocks each time, each a fresh segment: the
+            # reserved memory then grows far past the profiled peak (16 GB instead of 1.7 in a simulation
+            # of the allocator, 256 rows of a 152k vocabulary reached 4 rows a step).
+            self._run_worst_step()
         if self.device.type == "cuda":
             self._compile_serving_kernels()
 
@@ -226,35 +233,72 @@ class ModelRunner:
         return budget // per_block
 
     def _profile_free_gpu_memory(self) -> int:
-        """Bytes left for the KV cache after a worst-case forward, within gpu_memory_utilization."""
+        """Bytes left for the KV cache within gpu_memory_utilization, after what serving needs besides it.
+
+        Measured, not guessed: the peak of the worst step (`_run_worst_step`) over everything already
+        held (weights, GEMV workspace), as bytes the caching allocator reserves (its rounding and splitting
+        included, from an emptied cache), plus the CUDA graphs' pool with a 25% margin. Never more than
+        what the device has free now, less the same needs (the CUDA context and other processes hold
+        memory that gpu_memory_utilization does not see).
+        """
         torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        tokens = min(self.config.max_num_batched_tokens or 8192, self.max_model_len)
         self._allocate_kv_cache(2)
-        with torch.inference_mode():
-            ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-            rows = [AttentionRow(0, tokens, [0] * ((tokens + self.block_size - 1) // self.block_size))]
-            md = self.backend.build_metadata(rows)
-            md.slot_mapping.zero_()  # everything lands in the null block: only the memory peak matters
-            with set_forward_context(md):
-                hidden = self.model(ids, torch.arange(tokens, device=self.device))
-                self.model.compute_logits(hidden[-self.config.max_num_seqs :])
+        self._run_worst_step()
         torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
+        peak = torch.cuda.max_memory_reserved(self.device)
         graph_reserve = 0
         if self.graph_runner is not None:
-            # The graphs' shared pool keeps about the activations of the largest bucket's forward for
-            # good: measure them with one eager forward of that shape, and keep a 25% margin.
-            base = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.graph_runner.run_eager(self.graph_runner.max_bs)
-            torch.cuda.synchronize(self.device)
-            graph_reserve = int(1.25 * (torch.cuda.max_memory_allocated(self.device) - base)) + (64 << 20)
+            graph_reserve = int(1.25 * self.graph_runner.profile_pool_bytes()) + (64 << 20)
         self.graph_reserve_bytes = graph_reserve
-        total = torch.cuda.get_device_properties(self.device).total_memory
         self._release_kv_cache()
         torch.cuda.empty_cache()
-        return max(0, int(total * self.config.gpu_memory_utilization) - peak - graph_reserve)
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        budget = int(total * self.config.gpu_memory_utilization) - peak - graph_reserve
+        free, _ = torch.cuda.mem_get_info(self.device)
+        available = free - (peak - torch.cuda.memory_reserved(self.device)) - graph_reserve
+        if available < budget:
+            logger.warning(
+                "gpu_memory_utilization=%.2f asks for %.2f GiB more than the GPU has free; the KV cache "
+                "gets what is free",
+                self.config.gpu_memory_utilization,
+                (budget - available) / 1024**3,
+            )
+        kv_budget = max(0, min(budget, available))
+        logger.info(
+            "memory profile: %.2f GiB in use at the worst step (weights included), %.2f GiB kept for CUDA "
+            "graphs, %.2f GiB left for the KV cache (gpu_memory_utilization=%.2f of %.2f GiB)",
+            peak / 1024**3,
+            graph_reserve / 1024**3,
+            kv_budget / 1024**3,
+            self.config.gpu_memory_utilization,
+            total / 1024**3,
+        )
+        return kv_budget
+
+    @torch.inference_mode()
+    def _run_worst_step(self) -> None:
+        """The step whose activations need the most memory: a forward of every token a step may schedule
+        (in rows of at most max_model_len, as chunked prefill packs prompts), then logits and sampling for
+        max_num_seqs rows with every sampler feature on. Sampling matters as much as the forward: top-p
+        sorts a [rows, vocab] fp32 tensor, and with penalties, softmax, cumsum and noise the sampler holds
+        about ten of those at once (1.6 GB at 256 rows of a 152k vocabulary, more than a small model's
+        prefill). Writes only to the null block."""
+        max_len = self.max_model_len
+        tokens = min(default_max_num_batched_tokens(self.config, max_len), self.config.max_num_seqs * max_len)
+        lengths = [min(max_len, tokens - start) for start in range(0, tokens, max_len)]
+        blocks = [[0] * ((n + self.block_size - 1) // self.block_size) for n in lengths]
+        md = self.backend.build_metadata([AttentionRow(0, n, b) for n, b in zip(lengths, blocks)])
+        md.slot_mapping.zero_()  # everything lands in the null block: only the memory peak matters
+        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])
+        with set_forward_context(md):
+            hidden = self.model(ids, positions)
+        num_rows = min(self.config.max_num_seqs, tokens)
+        logits = self.model.compute_logits(hidden[-num_rows:])
+        meta = SamplingMetadata.worst_case(num_rows, self.vocab_size, max_len, self.device)
+        Sampler(seed=0)(logits, meta)  # its own generator: the engine's random stream stays untouched
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         for layer in self.model.attention_layers():

@@ -35,6 +35,10 @@ from qwick.core.request import Request
 
 _EPS = 1e-5
 _MASK64 = (1 << 64) - 1
+# The most top logprobs a request may ask for through the server (OpenAI's bound, MAX_TOP_LOGPROBS in
+# qwick.server.protocol); the memory profile samples with this many. The offline LLM takes more, whose
+# topk buffers grow with k: near k = vocab they come close to the peak of top-p's sort.
+MAX_NUM_LOGPROBS = 20
 
 
 def seed_for_position(seed: int, position: int) -> int:
@@ -281,6 +285,49 @@ class SamplingMetadata:
             max_num_logprobs=max_num_logprobs,
             grammar_bitmask=bitmask,
             grammar_rows=grammar_rows,
+        )
+
+    @classmethod
+    def worst_case(
+        cls, num_rows: int, vocab_size: int, max_len: int, device: torch.device | str = "cpu"
+    ) -> SamplingMetadata:
+        """The settings under which sampling `num_rows` rows needs the most memory, for the runner's memory
+        profile: every feature on (temperature, top-k with top-p, min-p, the three penalties over prompt
+        and output ids `max_len` wide, logit bias, min_tokens, seeds on half the rows, MAX_NUM_LOGPROBS).
+
+        The grammar bitmask is left out: applying it needs xgrammar, and its int32 [rows, vocab / 32] is
+        1/32 of one logits tensor, where the sampler holds about ten of those at its peak.
+        """
+        device = torch.device(device)
+        n, V = num_rows, vocab_size
+        rows = torch.arange(n, device=device)
+
+        def full(value, dtype=torch.float32) -> torch.Tensor:
+            return torch.full((n,), value, dtype=dtype, device=device)
+
+        ids = (torch.arange(n * max_len, device=device) % V).view(n, max_len)  # no RNG state consumed
+        seeded = list(range(0, n, 2))
+        return cls(
+            num_rows=n,
+            vocab_size=V,
+            all_greedy=False,
+            all_random=True,
+            temperature=full(0.7),
+            greedy_mask=None,
+            top_k=full(max(1, min(50, V - 1)), torch.long),
+            max_top_k=max(1, min(50, V - 1)),
+            top_p=full(0.9),
+            min_p=full(0.05),
+            presence_penalties=full(0.5),
+            frequency_penalties=full(0.5),
+            repetition_penalties=full(1.1),
+            prompt_token_ids=ids,
+            output_token_ids=ids,
+            logit_bias=(rows, torch.zeros_like(rows), full(1.0)),
+            min_tokens_mask=(rows, torch.zeros_like(rows)),
+            seeded_rows=seeded,
+            seeded_generator_seeds=[seed_for_position(i, 0) for i in seeded],
+            max_num_logprobs=MAX_NUM_LOGPROBS,
         )
 
 

@@ -158,6 +158,16 @@ def test_async_scheduling_on_the_gpu_gives_the_synchronous_tokens(tiny):
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     engine = dict(device="cuda", num_gpu_blocks_override=512)
+    assert LLM(tiny, device="cuda", num_gpu_blocks_override=64).llm_engine.core.async_scheduling is True
     sync, _ = _run(tiny, False, **engine)
     asynced, _ = _run(tiny, True, **engine)
     assert [[c[:3] for c in o] for o in sync] == [[c[:3] for c in o] for o in asynced]
+
+
+def test_async_scheduling_defaults_to_off_on_the_cpu(tiny):
+    """`async_scheduling=None` (the default) resolves per device: on the CPU the forward runs on the host
+    itself, so there is nothing to overlap and the synchronous loop is kept."""
+    llm = LLM(tiny, dtype="float32", block_size=4, max_model_len=64)
+    assert llm.llm_engine.config.async_scheduling is None
+    assert llm.llm_engine.core.async_scheduling is False
+    assert llm.llm_engine.core.scheduler.config.async_scheduling is False
