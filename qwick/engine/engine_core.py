@@ -57,9 +57,7 @@ class EngineCore:
         self.config = config
         self.max_model_len = max_model_len
         self.runner = ModelRunner(config, hf_config, model_path, max_model_len)
-        self.async_scheduling = config.async_scheduling
-        if self.async_scheduling is None:  # auto: worth it only where the device runs beside the host
-            self.async_scheduling = self.runner.device.type == "cuda"
+        self.async_scheduling = self.runner.async_scheduling  # the runner resolves the default per device
         cache_config = CacheConfig(
             block_size=config.block_size,
             num_gpu_blocks=self.runner.num_blocks,

@@ -98,6 +98,10 @@ class ModelRunner:
         self.config = engine_config
         self.hf_config = hf_config
         self.device = pick_device(engine_config.device)
+        # None (auto): overlap the host's per-step work with the device's only where they run side by side
+        self.async_scheduling = engine_config.async_scheduling
+        if self.async_scheduling is None:
+            self.async_scheduling = self.device.type == "cuda"
         self.dtype = resolve_dtype(engine_config.dtype, hf_config, self.device)
         self.kv_cache_dtype = kv_cache_torch_dtype(engine_config.kv_cache_dtype, self.dtype)
         self.max_model_len = max_model_len
@@ -377,7 +381,7 @@ class ModelRunner:
         meta = SamplingMetadata.build(requests, self.vocab_size, self.device)
         sampled = self.sampler(logits, meta)
         ready = None
-        if self.config.async_scheduling:  # the next step may read these on the device
+        if self.async_scheduling:  # the next step may read these on the device
             self._prev_sampled = sampled.sampled_token_ids
             self._prev_rows = {item.request_id: i for i, item in enumerate(sampling_rows)}
             if self.device.type == "cuda":

@@ -158,7 +158,11 @@ def test_async_scheduling_on_the_gpu_gives_the_synchronous_tokens(tiny):
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     engine = dict(device="cuda", num_gpu_blocks_override=512)
-    assert LLM(tiny, device="cuda", num_gpu_blocks_override=64).llm_engine.core.async_scheduling is True
+    auto = LLM(tiny, dtype="float32", block_size=4, device="cuda", num_gpu_blocks_override=64)
+    core = auto.llm_engine.core
+    assert core.async_scheduling is True and core.runner.async_scheduling is True
+    assert [o.outputs[0].token_ids for o in auto.generate(["hello", "a b c"], use_tqdm=False)]
+    del auto, core
     sync, _ = _run(tiny, False, **engine)
     asynced, _ = _run(tiny, True, **engine)
     assert [[c[:3] for c in o] for o in sync] == [[c[:3] for c in o] for o in asynced]
@@ -170,4 +174,5 @@ def test_async_scheduling_defaults_to_off_on_the_cpu(tiny):
     llm = LLM(tiny, dtype="float32", block_size=4, max_model_len=64)
     assert llm.llm_engine.config.async_scheduling is None
     assert llm.llm_engine.core.async_scheduling is False
+    assert llm.llm_engine.core.runner.async_scheduling is False
     assert llm.llm_engine.core.scheduler.config.async_scheduling is False
