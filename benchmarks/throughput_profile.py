@@ -20,7 +20,8 @@ from qwick.bench.shapes import model_dir_for_shape  # noqa: E402
 from qwick.bench.workloads import ranged_requests  # noqa: E402
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-7b"
-llm = LLM(model_dir_for_shape(shape), load_format="dummy", max_model_len=4096)
+# Synchronous steps, timed one by one (async scheduling would overlap a step with the next one's host work).
+llm = LLM(model_dir_for_shape(shape), load_format="dummy", max_model_len=4096, async_scheduling=False)
 eng = llm.llm_engine
 core = eng.core
 vocab = core.runner.vocab_size

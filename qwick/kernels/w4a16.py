@@ -228,3 +228,79 @@ def quant_matmul(
         num_stages=cfg.num_stages,
     )
     return y
+
+
+@triton.jit
+def _w4_dequant_kernel(
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    out_ptr,
+    N,
+    stride_qn,
+    stride_sn,
+    stride_on,
+    ZERO_POINT: tl.constexpr,
+    ZERO_MODE: tl.constexpr,
+    GROUP_W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """W[n, k] = (q - z) * s for one [BLOCK_N, group] tile, computed in fp32 and rounded once (as
+    `formats.layout.dequantize`), written in K order: the eight nibble planes are interleaved back."""
+    pid_n = tl.program_id(0)
+    g = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rj = tl.arange(0, GROUP_W)
+    n_ok = rn < N
+    rn64 = rn.to(tl.int64)
+    words = tl.load(qw_ptr + rn64[:, None] * stride_qn + (g * GROUP_W + rj)[None, :], mask=n_ok[:, None])
+    s = tl.load(s_ptr + rn64 * stride_sn + g, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    if ZERO_MODE == 1:
+        z = tl.load(z_ptr + rn64 * stride_sn + g, mask=n_ok, other=0).to(tl.float32)[:, None]
+    else:
+        z = ZERO_POINT
+    ty = out_ptr.dtype.element_ty
+    w0 = ((((words >> 0) & 0xF).to(tl.float32) - z) * s).to(ty)
+    w1 = ((((words >> 4) & 0xF).to(tl.float32) - z) * s).to(ty)
+    w2 = ((((words >> 8) & 0xF).to(tl.float32) - z) * s).to(ty)
+    w3 = ((((words >> 12) & 0xF).to(tl.float32) - z) * s).to(ty)
+    w4 = ((((words >> 16) & 0xF).to(tl.float32) - z) * s).to(ty)
+    w5 = ((((words >> 20) & 0xF).to(tl.float32) - z) * s).to(ty)
+    w6 = ((((words >> 24) & 0xF).to(tl.float32) - z) * s).to(ty)
+    w7 = ((((words >> 28) & 0xF).to(tl.float32) - z) * s).to(ty)
+    # join adds a trailing axis, innermost last: t[n, j, a, b, c] = w[4a + 2b + c][n, j], i.e. column 8j + i
+    t = tl.join(
+        tl.join(tl.join(w0, w4), tl.join(w2, w6)),
+        tl.join(tl.join(w1, w5), tl.join(w3, w7)),
+    )
+    cols = g * GROUP_W * 8 + tl.arange(0, GROUP_W * 8)
+    out = out_ptr + rn64[:, None] * stride_on + cols[None, :]
+    tl.store(out, tl.reshape(t, (BLOCK_N, GROUP_W * 8)), mask=n_ok[:, None])
+
+
+def dequantize_int4(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] in `dtype`, stored column order (act-order weights stay permuted), bit-identical to
+    `formats.layout.dequantize(weight, dtype, original_order=False)`: the prefill path of int4 weights,
+    where a cuBLAS GEMM on the dequantized weight beats converting every code once per 64-row M tile.
+    Takes int4 weights with integer zero points (`row_gemv.w4_row_supported`)."""
+    n, k = weight.shape
+    group_words = weight.group_size // 8
+    out = torch.empty(n, k, dtype=dtype, device=weight.qweight.device)
+    block_n = max(1, 2048 // group_words)
+    zeros = weight.zeros if weight.zeros is not None else weight.scales
+    _w4_dequant_kernel[(triton.cdiv(n, block_n), k // weight.group_size)](
+        weight.qweight,
+        weight.scales,
+        zeros,
+        out,
+        n,
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+        out.stride(0),
+        ZERO_POINT=weight.zero_point,
+        ZERO_MODE=ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,
+        GROUP_W=group_words,
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
+    return out

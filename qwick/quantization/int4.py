@@ -12,9 +12,12 @@ int32). `process_weights_after_loading` converts the fused tensors once into `Qu
     zeros    uint8 [N, G]     only when zero points are not one constant
     perm     int64 [K]        only for act-order (desc_act) GPTQ: x is gathered by it
 
-`apply`: dequantize, then matmul (`formats.reference.dequant_matmul`: the CPU path and the reference);
-on CUDA with bf16/fp16 activations and at most 16 rows, the W4A16 Triton kernel (`qwick.kernels.w4a16`),
-which computes the same dequantized weights (not yet run on a GPU in this project's tests).
+`apply`: dequantize, then matmul (`formats.reference.dequant_matmul`: the CPU path and the reference).
+On CUDA with bf16/fp16 activations, kernels that compute the same dequantized weights: one row (batch-1
+decode) the CUDA-core GEMV of `qwick.kernels.row_gemv`, 2-16 rows the tensor-core W4A16 kernel
+(`qwick.kernels.w4a16`), more rows (prefill) one Triton kernel dequantizing the layer to bf16, then cuBLAS.
+Weights outside the fast kernels' reach (GGUF's Q4_K mins, 8-bit containers) use the W4A16 kernel at 2-16
+rows and the reference path otherwise.
 
 `PackedLinearMethod` is that holding-and-applying part, shared by every format converted to
 `QuantizedWeight`: AWQ / GPTQ (`Int4LinearMethod`), int4 on the fly (`RtnInt4LinearMethod`: a plain weight
@@ -28,6 +31,7 @@ import logging
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from qwick.layers.linear import Linear, LinearMethod
@@ -125,18 +129,30 @@ class PackedLinearMethod(LinearMethod):
             x2.device.type == "cuda"
             and self.workspace is not None
             and x2.dtype in (torch.bfloat16, torch.float16)
-            and 0 < x2.shape[0] <= 16
         ):
-            from qwick.kernels.row_gemv import w4_row_gemv, w4_row_supported
-            from qwick.kernels.w4a16 import quant_matmul
-
-            if x2.shape[0] == 1 and w4_row_supported(weight):  # batch 1: decode on the CUDA cores
-                y = w4_row_gemv(x2, weight, layer.bias, self.workspace)
-            else:
-                y = quant_matmul(x2, weight, layer.bias, self.workspace)
+            y = self._apply_cuda(layer, x2, weight)
         else:
             y = self.apply_reference(layer, x2, weight)
         return y.reshape(*shape[:-1], y.shape[-1])
+
+    def _apply_cuda(self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
+        """Batch 1: the CUDA-core GEMV; 2-16 rows: the tensor-core W4A16 kernel; more (prefill): dequantize
+        the layer into a transient bf16/fp16 weight with one Triton kernel, then cuBLAS."""
+        from qwick.kernels.row_gemv import w4_row_gemv, w4_row_supported
+        from qwick.kernels.w4a16 import dequantize_int4, quant_matmul
+
+        m = x.shape[0]
+        fast = w4_row_supported(weight)
+        if m == 1 and fast:
+            return w4_row_gemv(x, weight, layer.bias, self.workspace)
+        if 0 < m <= 16:
+            return quant_matmul(x, weight, layer.bias, self.workspace)
+        if fast and m > 16:
+            if weight.perm is not None:  # act-order: K is stored grouped; gather x to match
+                x = x.index_select(1, weight.perm)
+            bias = layer.bias.to(x.dtype) if layer.bias is not None else None
+            return F.linear(x, dequantize_int4(weight, x.dtype), bias)
+        return self.apply_reference(layer, x, weight)
 
     def apply_reference(
         self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight | None = None

@@ -131,3 +131,17 @@ def test_int4_matches_reference(kind, n, k):
 @pytest.mark.parametrize("kind", ["gguf-q4k", "gguf-q6k", "gguf-q8", *FUSED])
 def test_gguf_matches_reference(kind, n, k):
     _check(kind, n, k, MS[:3] + MS[-1:], bias=True)
+
+
+@pytest.mark.parametrize("kind", ["rtn-asym", "gptq-act-order"])
+@pytest.mark.parametrize("n,k", SHAPES[:2])
+def test_dequantize_int4_is_bit_identical_to_the_reference(kind, n, k):
+    """The prefill path's Triton dequantization gives exactly `formats.layout.dequantize`'s weights, in
+    stored column order, in both activation dtypes."""
+    from qwick.kernels.w4a16 import dequantize_int4
+
+    dev = _device()
+    qw = _weight(kind, n, k, dev)
+    for dtype in (torch.float16,) if INTERPRET else (torch.bfloat16, torch.float16):
+        expected = dequantize(qw, dtype, original_order=False)
+        assert torch.equal(dequantize_int4(qw, dtype), expected)
