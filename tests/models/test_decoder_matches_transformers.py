@@ -50,22 +50,23 @@ def tiny(request, tmp_path_factory):
 
 
 class LogitsRecorder:
-    """Wraps the runner so each request's logits rows are kept, step by step."""
+    """Wraps the runner so each request's logits rows are kept, step by step. It wraps `launch`, where
+    logits are computed: the synchronous `execute` calls it, and async scheduling calls it directly."""
 
     def __init__(self, llm: LLM) -> None:
         runner = llm.llm_engine.core.runner
         self.by_request: dict[str, list[torch.Tensor]] = defaultdict(list)
         captured: list[torch.Tensor] = []
-        compute_logits, execute = runner.model.compute_logits, runner.execute
+        compute_logits, launch = runner.model.compute_logits, runner.launch
 
         def recording_logits(hidden):
             out = compute_logits(hidden)
             captured.append(out.detach().clone())
             return out
 
-        def recording_execute(scheduler_output):
+        def recording_launch(scheduler_output):
             captured.clear()
-            result = execute(scheduler_output)
+            result = launch(scheduler_output)
             rows = [s.request_id for s in scheduler_output.scheduled if s.sample]
             if captured:
                 for rid, row in zip(rows, captured[-1]):
@@ -73,7 +74,7 @@ class LogitsRecorder:
             return result
 
         runner.model.compute_logits = recording_logits
-        runner.execute = recording_execute
+        runner.launch = recording_launch
 
 
 def check_against_reference(llm: LLM, hf_model, prompts, max_tokens=MAX_TOKENS) -> list:
