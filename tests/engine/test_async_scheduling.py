@@ -158,7 +158,9 @@ def test_async_scheduling_on_the_gpu_gives_the_synchronous_tokens(tiny):
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     engine = dict(device="cuda", num_gpu_blocks_override=512)
-    auto = LLM(tiny, dtype="float32", block_size=4, device="cuda", num_gpu_blocks_override=64)
+    auto = LLM(
+        tiny, dtype="float32", block_size=4, max_model_len=64, device="cuda", num_gpu_blocks_override=32
+    )
     core = auto.llm_engine.core
     assert core.async_scheduling is True and core.runner.async_scheduling is True
     assert [o.outputs[0].token_ids for o in auto.generate(["hello", "a b c"], use_tqdm=False)]
