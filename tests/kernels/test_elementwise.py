@@ -8,26 +8,16 @@ Without a GPU, TRITON_INTERPRET=1 runs them through Triton's interpreter.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from qwick.layers.activation import SiluAndMul
 from qwick.layers.norm import RMSNorm
 from qwick.layers.rotary import apply_rotary
+from tests.triton_utils import INTERPRET, triton_device
 
 pytestmark = pytest.mark.gpu
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DTYPES = [torch.float16] if INTERPRET else [torch.bfloat16, torch.float16, torch.float32]
-
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if INTERPRET:
-        return torch.device("cpu")
-    pytest.skip("needs a CUDA GPU (or TRITON_INTERPRET=1)")
 
 
 def _ulp(dtype: torch.dtype) -> float:
@@ -39,7 +29,7 @@ def _ulp(dtype: torch.dtype) -> float:
 def test_rms_norm_with_and_without_residual(dtype, rows, hidden):
     from qwick.kernels.elementwise import rms_norm
 
-    dev = _device()
+    dev = triton_device()
     norm = RMSNorm(hidden, 1e-6).to(dev, dtype)
     norm.weight.data.normal_(1.0, 0.2)
     # a row stride wider than the row, as for views into a packed buffer
@@ -61,7 +51,7 @@ def test_rms_norm_with_and_without_residual(dtype, rows, hidden):
 def test_rope_in_place_matches_reference(dtype, heads, kv_heads, head_dim):
     from qwick.kernels.elementwise import rotary_in_place
 
-    dev = _device()
+    dev = triton_device()
     tokens, max_len = 9, 4096
     inv = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
     freqs = torch.arange(max_len, dtype=torch.float)[:, None] * inv[None, :]
@@ -91,7 +81,7 @@ def test_rope_in_place_matches_reference(dtype, heads, kv_heads, head_dim):
 def test_silu_and_mul_matches_reference(dtype, rows, inter):
     from qwick.kernels.elementwise import silu_and_mul
 
-    dev = _device()
+    dev = triton_device()
     x = torch.randn(rows, 2 * inter, device=dev, dtype=dtype) * 3
     ref = SiluAndMul().forward_native(x)
     out = silu_and_mul(x)

@@ -7,26 +7,17 @@ tile; several launch shapes.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+from tests.triton_utils import INTERPRET, gemv_workspace, triton_device
+
 pytestmark = pytest.mark.gpu
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 # (N, K): qwen2.5-7b qkv, o, gate_up, down; qwen2.5-14b qkv, down; odd sizes
 SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (7168, 5120), (5120, 13824), (1000, 900)]
 if INTERPRET:
     SHAPES = [(96, 512), (40, 1100)]
-
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if INTERPRET:
-        return torch.device("cpu")
-    pytest.skip("needs a CUDA GPU (or TRITON_INTERPRET=1)")
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -37,11 +28,11 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("m", [1, 3, 8, 16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv_matches_float64(n, k, m, bias):
-    from qwick.kernels.gemv import GemvConfig, GemvWorkspace, default_config, gemv
+    from qwick.kernels.gemv import GemvConfig, default_config, gemv
 
-    dev = _device()
+    dev = triton_device()
     dtype = torch.float16 if INTERPRET else torch.bfloat16
-    ws = GemvWorkspace(dev, max_elems=1 << 24) if not INTERPRET else _cpu_workspace()
+    ws = gemv_workspace(dev)
     w = torch.randn(n, k, device=dev, dtype=dtype) / k**0.5
     b = torch.randn(n, device=dev, dtype=dtype) if bias else None
     ref = None
@@ -59,14 +50,3 @@ def test_gemv_matches_float64(n, k, m, bias):
             assert out.shape == (m, n) and not out.isnan().any()
             assert _rel_err(out, ref) < 1e-2, (cfg, _rel_err(out, ref))
     assert int(ws.counters.abs().sum()) == 0
-
-
-def _cpu_workspace():
-    from qwick.kernels.gemv import GemvWorkspace
-
-    ws = GemvWorkspace.__new__(GemvWorkspace)
-    ws.partials = torch.empty(1 << 20, dtype=torch.float32)
-    ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
-    ws.num_sms = 4
-    ws.configs = {}
-    return ws

@@ -8,42 +8,19 @@ and 64-, 128- and 256-wide groups. With TRITON_INTERPRET=1 it runs on the CPU at
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from qwick.quantization.formats import gptq, rtn
 from qwick.quantization.formats.layout import QuantizedWeight, dequantize, pack_along_k
+from tests.triton_utils import INTERPRET, gemv_workspace, triton_device
 
 pytestmark = pytest.mark.gpu
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 # (N, K): qwen2.5-7b qkv, o, gate_up, down; an N that is not a multiple of the tile
 SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (1000, 1024)]
 if INTERPRET:
     SHAPES = [(96, 512), (40, 768)]
-
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if INTERPRET:
-        return torch.device("cpu")
-    pytest.skip("needs a CUDA GPU (or TRITON_INTERPRET=1)")
-
-
-def _workspace(dev: torch.device):
-    from qwick.kernels.gemv import GemvWorkspace
-
-    if dev.type == "cuda":
-        return GemvWorkspace(dev, max_elems=1 << 24)
-    ws = GemvWorkspace.__new__(GemvWorkspace)
-    ws.partials = torch.empty(1 << 20, dtype=torch.float32)
-    ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
-    ws.num_sms = 4
-    ws.configs = {}
-    return ws
 
 
 def _configs(n: int, kw: int, ws, group_words: int = 16):
@@ -63,7 +40,7 @@ def test_every_nibble_position_decodes_exactly(group, zeros):
     result is an exact integer, so any wrong nibble, shift or offset shows as a mismatch."""
     from qwick.kernels.row_gemv import w4_row_gemv
 
-    dev = _device()
+    dev = triton_device()
     gen = torch.Generator().manual_seed(group)
     n, k = 48, 4 * group
     q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
@@ -79,7 +56,7 @@ def test_every_nibble_position_decodes_exactly(group, zeros):
     x = torch.randint(-3, 4, (1, k), generator=gen).float()
     w = q - (z.repeat_interleave(group, dim=1) if zeros else 8)
     expected = (x.long() @ w.long().T).float()
-    y = w4_row_gemv(x.to(dev), weight, None, _workspace(dev))
+    y = w4_row_gemv(x.to(dev), weight, None, gemv_workspace(dev))
     assert torch.equal(y.cpu(), expected)
 
 
@@ -88,8 +65,8 @@ def test_every_nibble_position_decodes_exactly(group, zeros):
 def test_w4_row_gemv_matches_dequantized_matmul(n, k, form):
     from qwick.kernels.row_gemv import w4_row_gemv, w4_row_supported
 
-    dev = _device()
-    ws = _workspace(dev)
+    dev = triton_device()
+    ws = gemv_workspace(dev)
     act = torch.float16 if INTERPRET else torch.bfloat16
     gen = torch.Generator().manual_seed(n + k)
     w = torch.randn(n, k, generator=gen) / k**0.5

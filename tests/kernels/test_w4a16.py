@@ -6,17 +6,15 @@ a second call), and prefill M > 16. With TRITON_INTERPRET=1 it runs on the CPU a
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
 from qwick.quantization.formats import gguf_quant, gptq, rtn
 from qwick.quantization.formats.layout import QuantizedWeight, dequantize, fuse_n
+from tests.triton_utils import INTERPRET, gemv_workspace, triton_device
 
 pytestmark = pytest.mark.gpu
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 # (N, K): qwen2.5-7b qkv, o, gate_up, down; an N that is not a multiple of the tile
 SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (1000, 1024)]
@@ -26,27 +24,6 @@ if INTERPRET:
     SHAPES = [(96, 512), (40, 768)]
     GGUF_SHAPES = [(40, 512)]
     MS = [1, 5, 16, 20]
-
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if INTERPRET:
-        return torch.device("cpu")
-    pytest.skip("needs a CUDA GPU (or TRITON_INTERPRET=1)")
-
-
-def _workspace(dev: torch.device):
-    from qwick.kernels.gemv import GemvWorkspace
-
-    if dev.type == "cuda":
-        return GemvWorkspace(dev, max_elems=1 << 24)
-    ws = GemvWorkspace.__new__(GemvWorkspace)
-    ws.partials = torch.empty(1 << 20, dtype=torch.float32)
-    ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
-    ws.num_sms = 4
-    ws.configs = {}
-    return ws
 
 
 def _random_gguf(qtype: int, n: int, k: int, seed: int) -> QuantizedWeight:
@@ -89,9 +66,9 @@ def _check(kind: str, n: int, k: int, ms: list[int], bias: bool) -> None:
     from qwick.kernels.w4a16 import QuantGemvConfig, default_config, quant_matmul
     from qwick.quantization.formats.reference import dequant_matmul
 
-    dev = _device()
+    dev = triton_device()
     dtype = torch.float16 if INTERPRET else torch.bfloat16
-    ws = _workspace(dev)
+    ws = gemv_workspace(dev)
     qw = _weight(kind, n, k, dev)
     assert dequantize(qw).isfinite().all()
     b = torch.randn(n, device=dev, dtype=dtype) if bias else None
@@ -140,7 +117,7 @@ def test_dequantize_int4_is_bit_identical_to_the_reference(kind, n, k):
     stored column order, in both activation dtypes."""
     from qwick.kernels.w4a16 import dequantize_int4
 
-    dev = _device()
+    dev = triton_device()
     qw = _weight(kind, n, k, dev)
     for dtype in (torch.float16,) if INTERPRET else (torch.bfloat16, torch.float16):
         expected = dequantize(qw, dtype, original_order=False)

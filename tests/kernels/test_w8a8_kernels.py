@@ -11,8 +11,6 @@ Under TRITON_INTERPRET=1 (no GPU) the Triton kernels run on small shapes on the 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -24,9 +22,9 @@ from qwick.quantization.w8a8 import (
     quantize_per_token_group,
     quantize_weight_blockwise,
 )
+from tests.triton_utils import INTERPRET, gemv_workspace
 
 pytestmark = pytest.mark.gpu
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 # (N, K): qwen2.5-7b qkv, o, gate_up, down; qwen2.5-14b qkv, o, gate_up, down
 SHAPES = [
@@ -149,32 +147,20 @@ def test_block_kernel(m, n, k):
 GEMV_SHAPES = [(96, 512), (40, 1100)] if INTERPRET else SHAPES
 
 
-def _cpu_workspace():
-    from qwick.kernels.gemv import GemvWorkspace
-
-    ws = GemvWorkspace.__new__(GemvWorkspace)
-    ws.partials = torch.empty(1 << 20, dtype=torch.float32)
-    ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
-    ws.num_sms = 4
-    ws.configs = {}
-    return ws
-
-
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 @pytest.mark.parametrize("n,k", GEMV_SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_gemv_on_8bit_weights(qdtype, n, k, m):
     """The skinny GEMM on 8-bit codes with per-channel scales (W8A16): default and forced split-K launch
     shapes, bias, a second call (the split-K counters reset themselves)."""
-    from qwick.kernels.gemv import GemvConfig, GemvWorkspace, default_config, gemv
+    from qwick.kernels.gemv import GemvConfig, default_config, gemv
     from qwick.quantization.w8a8 import quantize_weight_per_channel
 
     if INTERPRET:
         dev, x_dtype, tol = torch.device("cpu"), torch.float32, 1e-5
-        ws = _cpu_workspace()
     else:
         dev, x_dtype, tol = _cuda(), torch.bfloat16, 5e-3
-        ws = GemvWorkspace(dev, max_elems=1 << 24)
+    ws = gemv_workspace(dev)
     gen = torch.Generator(device=dev).manual_seed(n * k + m)
     wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev), qdtype)
     bias = torch.randn(n, generator=gen, device=dev).to(x_dtype)

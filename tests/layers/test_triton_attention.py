@@ -25,19 +25,11 @@ import torch
 
 from qwick.layers.attention.backend import AttentionRow
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
+from tests.triton_utils import INTERPRET, triton_device
 
 pytestmark = pytest.mark.gpu
 
 TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if INTERPRET:
-        return torch.device("cpu")
-    pytest.skip("needs a CUDA GPU (or TRITON_INTERPRET=1)")
 
 
 def _lowp(dtype: torch.dtype) -> torch.dtype:
@@ -83,7 +75,7 @@ def run_case(
     backend_kwargs=None,
     q_scale=2.0,
 ):
-    device = _device()
+    device = triton_device()
     dtype = _lowp(dtype)
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -224,7 +216,7 @@ def test_fixed_split_counts(splits):
 
 def test_chunked_prefill_matches_one_shot():
     """A prompt fed in chunks (each chunk attends the cache the previous ones wrote) equals one shot."""
-    device = _device()
+    device = triton_device()
     torch.manual_seed(1)
     bs, hkv, g, d, length = 16, 2, 4, 128, 333
     dtype = _lowp(torch.bfloat16)
@@ -257,7 +249,7 @@ def test_chunked_prefill_matches_one_shot():
 
 
 def test_negative_slots_are_skipped():
-    device = _device()
+    device = triton_device()
     bs, hkv, d = 16, 2, 64
     tri = _backend(bs, device)
     rows = [AttentionRow(0, 5, [1]), AttentionRow(3, 1, [2])]
