@@ -188,8 +188,15 @@ class KVCacheManager:
         first. Returns False and changes nothing when the free pool is too small.
         """
         rid = request.request_id
-        computed = computed_blocks or []
         table = self._tables.get(rid)
+        if table is not None and not computed_blocks:
+            total = request.num_computed_tokens + num_new_tokens
+            if total <= len(table) * self.block_size:
+                # Fast path (most decode steps): the held blocks already cover the new tokens.
+                if self.caching_enabled_for(request):
+                    self._register_full_blocks(request, min(total, request.num_tokens) // self.block_size)
+                return True
+        computed = computed_blocks or []
         admitting = table is None
         if computed and not admitting:
             raise ValueError(f"request {rid!r} already holds blocks; computed_blocks only at admission.")

@@ -76,6 +76,8 @@ class Request:
         # Set by the engine core for a request with `structured_outputs`: its grammar state. The scheduler
         # skips it while `.ready` is False (still compiling) and advances it with each sampled token.
         self.structured_output: RequestGrammar | None = None
+        # The model runner's per-request sampling constants (opaque here), computed once, not every step.
+        self.sampling_cache: object = None
 
         # Timing, for metrics and the per-request breakdown.
         self.first_scheduled_time: float | None = None

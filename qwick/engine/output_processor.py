@@ -149,7 +149,8 @@ class OutputProcessor:
     def _make_output(self, state: RequestState, finished: bool) -> RequestOutput:
         delta = state.params.output_kind == RequestOutputKind.DELTA
         completions = []
-        for sample in sorted(state.samples.values(), key=lambda s: s.index):
+        samples = state.samples.values()
+        for sample in sorted(samples, key=lambda s: s.index) if len(samples) > 1 else samples:
             new_text = sample.take_delta()
             if delta:
                 text = new_text

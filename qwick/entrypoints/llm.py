@@ -11,9 +11,25 @@ from tqdm import tqdm
 from qwick.config import EngineConfig
 from qwick.engine.llm_engine import LLMEngine
 from qwick.outputs import RequestOutput
-from qwick.sampling_params import SamplingParams
+from qwick.sampling_params import RequestOutputKind, SamplingParams
 
 Prompt = str | Sequence[int] | dict
+
+
+def _final_only(params: list[SamplingParams]) -> list[SamplingParams]:
+    """`generate` keeps only finished outputs, so a cumulative output of an unfinished request would be
+    assembled every step (token list copied, text joined) and thrown away; FINAL_ONLY gives the same final
+    output without that. Copies (one per distinct object), so the caller's params are untouched."""
+    copies: dict[int, SamplingParams] = {}
+    out = []
+    for p in params:
+        if p.output_kind == RequestOutputKind.CUMULATIVE:
+            if id(p) not in copies:
+                copies[id(p)] = p.clone()
+                copies[id(p)].output_kind = RequestOutputKind.FINAL_ONLY
+            p = copies[id(p)]
+        out.append(p)
+    return out
 
 
 def _as_prompt(prompt: Prompt) -> str | list[int]:
@@ -71,6 +87,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run all prompts to completion, batched; outputs come back in prompt order."""
         items, params = self._normalize(prompts, sampling_params)
+        params = _final_only(params)
         engine = self.llm_engine
         ids = self._add_all(items, params, priority)
         order = {rid: i for i, rid in enumerate(ids)}

@@ -335,13 +335,21 @@ class ModelRunner:
         patch_dst: list[int] = []  # input slots filled from the previous step's sampled ids
         patch_src: list[int] = []
         for item in scheduled:
-            token_ids.extend(item.token_ids)
+            start, num = item.start_pos, item.num_tokens
             if item.placeholder_input:
+                token_ids.extend(item.token_ids)
                 patch_dst.append(len(token_ids))
                 patch_src.append(self._prev_rows[item.request_id])
                 token_ids.append(0)
-            positions.extend(range(item.start_pos, item.end_pos))
-            rows.append(AttentionRow(item.start_pos, item.num_tokens, item.block_table))
+            elif num == 1:  # a decode row: no slice, no range (the common case at large batch)
+                token_ids.append(item.request.all_token_ids[start])
+            else:
+                token_ids.extend(item.token_ids)
+            if num == 1:
+                positions.append(start)
+            else:
+                positions.extend(range(start, start + num))
+            rows.append(AttentionRow(start, num, item.block_table))
             if item.sample:
                 logits_indices.append(len(token_ids) - 1)
                 sampling_rows.append(item)

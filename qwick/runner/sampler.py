@@ -55,6 +55,53 @@ def _pad(rows: Sequence[Sequence[int]], pad: int) -> list[list[int]]:
     return [list(r) + [pad] * (width - len(r)) for r in rows]
 
 
+# Columns of `_static_row` after the eight per-row values: flags, so that any() over a column is C-speed.
+_C_TOP_K, _C_TOP_P, _C_MIN_P, _C_TEMP, _C_PRES, _C_FREQ, _C_REP, _C_DYNAMIC = range(8, 16)
+_NUM_COLS = 16
+
+
+def _static_row(request: Request, V: int) -> tuple:
+    """A request's sampling settings that never change during its life, as one row of
+    `SamplingMetadata.build`'s columns: temperature, greedy, top_k, top_p, min_p, the three penalties,
+    then flags: the top-k to apply (0: none), top-p / min-p / temperature != 1 / each penalty in use, and
+    whether the row needs `build`'s per-step pass (seed, logit_bias, min_tokens, logprobs).
+    Cached on the request, keyed by its params object."""
+    sp = request.sampling_params
+    cached = request.sampling_cache
+    if cached is not None and cached[0] is sp and cached[1] == V:
+        return cached[2]
+    is_greedy = sp.temperature < _EPS
+    pres, freq, rep = float(sp.presence_penalty), float(sp.frequency_penalty), float(sp.repetition_penalty)
+    flags_p = (abs(pres) > _EPS, abs(freq) > _EPS, abs(rep - 1.0) > _EPS)
+    dynamic = bool(sp.logit_bias) or sp.min_tokens > 0 or sp.logprobs is not None
+    if is_greedy:
+        row = (1.0, True, V, 1.0, 0.0, pres, freq, rep, 0, False, False, False, *flags_p, dynamic)
+    else:
+        k = sp.top_k if 0 < sp.top_k < V else V
+        row = (
+            float(sp.temperature),
+            False,
+            k,
+            float(sp.top_p),
+            float(sp.min_p),
+            pres,
+            freq,
+            rep,
+            k if k < V else 0,
+            sp.top_p < 1.0 - _EPS,
+            sp.min_p > _EPS,
+            abs(sp.temperature - 1.0) > _EPS,
+            *flags_p,
+            dynamic or sp.seed is not None,
+        )
+    request.sampling_cache = (sp, V, row)
+    return row
+
+
+def _indices(flags: Sequence[bool]) -> list[int]:
+    return [i for i, f in enumerate(flags) if f] if any(flags) else []
+
+
 @dataclass
 class LogprobsTensors:
     """Logprobs of one step, vLLM's layout: column 0 is the sampled token, columns 1..k the top-k.
@@ -162,14 +209,16 @@ class SamplingMetadata:
         n = len(requests)
         V = vocab_size
 
-        temps: list[float] = []
-        greedy: list[bool] = []
-        top_k: list[int] = []
-        top_p: list[float] = []
-        min_p: list[float] = []
-        pres: list[float] = []
-        freq: list[float] = []
-        rep: list[float] = []
+        # Per-request constants come from a cache on the request (computed at its first sampling step), so
+        # a step's Python work per row is a lookup plus the few settings that change from step to step.
+        rows = [_static_row(req, V) for req in requests]
+        cols = list(zip(*rows)) if rows else [()] * _NUM_COLS
+        temps, greedy, top_k, top_p, min_p, pres, freq, rep = cols[:8]
+        any_top_k, any_top_p, any_min_p = any(cols[_C_TOP_K]), any(cols[_C_TOP_P]), any(cols[_C_MIN_P])
+        any_pres, any_freq, any_rep = any(cols[_C_PRES]), any(cols[_C_FREQ]), any(cols[_C_REP])
+        max_top_k = max(cols[_C_TOP_K], default=0)
+        all_temp_one = not any(cols[_C_TEMP])
+
         bias_rows: list[int] = []
         bias_toks: list[int] = []
         bias_vals: list[float] = []
@@ -178,45 +227,12 @@ class SamplingMetadata:
         seeded_rows: list[int] = []
         seeded_seeds: list[int] = []
         max_num_logprobs: int | None = None
-        grammar_rows: list[int] = []
-        any_top_k = any_top_p = any_min_p = False
-        any_pres = any_freq = any_rep = False
-        max_top_k = 0
-        all_temp_one = True
-
-        for i, req in enumerate(requests):
+        for i in _indices(cols[_C_DYNAMIC]):  # rows with a seed, logit_bias, min_tokens or logprobs
+            req = requests[i]
             sp = req.sampling_params
-            is_greedy = sp.temperature < _EPS
-            greedy.append(is_greedy)
-            if is_greedy:
-                temps.append(1.0)
-                top_k.append(V)
-                top_p.append(1.0)
-                min_p.append(0.0)
-            else:
-                temps.append(float(sp.temperature))
-                if abs(sp.temperature - 1.0) > _EPS:
-                    all_temp_one = False
-                k = sp.top_k if 0 < sp.top_k < V else V
-                top_k.append(k)
-                if k < V:
-                    any_top_k = True
-                    max_top_k = max(max_top_k, k)
-                top_p.append(float(sp.top_p))
-                any_top_p |= sp.top_p < 1.0 - _EPS
-                min_p.append(float(sp.min_p))
-                any_min_p |= sp.min_p > _EPS
-                if sp.seed is not None:
-                    seeded_rows.append(i)
-                    seeded_seeds.append(seed_for_position(sp.seed, req.sample_index))
-
-            pres.append(float(sp.presence_penalty))
-            freq.append(float(sp.frequency_penalty))
-            rep.append(float(sp.repetition_penalty))
-            any_pres |= abs(sp.presence_penalty) > _EPS
-            any_freq |= abs(sp.frequency_penalty) > _EPS
-            any_rep |= abs(sp.repetition_penalty - 1.0) > _EPS
-
+            if sp.seed is not None and not greedy[i]:
+                seeded_rows.append(i)
+                seeded_seeds.append(seed_for_position(sp.seed, req.sample_index))
             if sp.logit_bias:
                 for tok, b in sp.logit_bias.items():
                     if 0 <= tok < V:  # out-of-range ids are the API layer's to reject; never crash here
@@ -230,8 +246,7 @@ class SamplingMetadata:
                         mt_toks.append(tok)
             if sp.logprobs is not None:
                 max_num_logprobs = max(max_num_logprobs or 0, sp.logprobs)
-            if req.structured_output is not None:
-                grammar_rows.append(i)
+        grammar_rows = [i for i, req in enumerate(requests) if req.structured_output is not None]
 
         def t(data, dtype):
             return torch.tensor(data, dtype=dtype, device=device)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
@@ -88,34 +89,41 @@ class AttentionBackend(ABC):
         self.device = device
 
     def build_metadata(self, rows: list[AttentionRow]) -> AttentionMetadata:
-        """Flatten the rows into tensors once per step (the default suits any backend)."""
-        bs = self.block_size
-        slots: list[int] = []
-        for row in rows:
-            table = row.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(row.start_pos, row.seq_len))
-        query_lens = [r.num_tokens for r in rows]
-        seq_lens = [r.seq_len for r in rows]
-        max_blocks = max(((s + bs - 1) // bs for s in seq_lens), default=1)
-        tables = [
-            r.block_table[:max_blocks] + [0] * (max_blocks - min(len(r.block_table), max_blocks))
-            for r in rows
-        ]
-        starts = [0]
-        for q in query_lens:
-            starts.append(starts[-1] + q)
+        """Flatten the rows into tensors once per step (the default suits any backend).
 
-        def to_dev(x: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(x, dtype=dtype, device="cpu").to(self.device, non_blocking=True)
+        Built with numpy, not from nested lists: `torch.tensor` of a 256-row list of block tables alone
+        costs ~0.85 ms of host time a step, numpy ~0.2 ms."""
+        bs = self.block_size
+        n = len(rows)
+        query_lens = [r.num_tokens for r in rows]
+        seq_lens = [r.start_pos + r.num_tokens for r in rows]
+        max_blocks = max(((s + bs - 1) // bs for s in seq_lens), default=1)
+        tables = np.zeros((n, max_blocks), dtype=np.int32)
+        for i, r in enumerate(rows):
+            table = r.block_table
+            if len(table) > max_blocks:
+                table = table[:max_blocks]
+            tables[i, : len(table)] = table
+        starts = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(query_lens, out=starts[1:])
+        num_tokens = int(starts[-1])
+        # Each new token's cache slot: its row's block at position // block_size, offset position % bs.
+        row_of = np.repeat(np.arange(n), query_lens)
+        start_pos = np.fromiter((r.start_pos for r in rows), dtype=np.int64, count=n)
+        pos = np.arange(num_tokens, dtype=np.int64) + (start_pos - starts[:-1])[row_of]
+        slots = tables[row_of, pos // bs].astype(np.int64) * bs + pos % bs
+
+        def to_dev(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(x).to(self.device, non_blocking=True)
 
         return AttentionMetadata(
-            num_rows=len(rows),
-            num_tokens=starts[-1],
+            num_rows=n,
+            num_tokens=num_tokens,
             block_size=bs,
-            slot_mapping=to_dev(slots, torch.int64),
-            query_start_loc=to_dev(starts, torch.int32),
-            seq_lens=to_dev(seq_lens, torch.int32),
-            block_tables=to_dev(tables, torch.int32),
+            slot_mapping=to_dev(slots),
+            query_start_loc=to_dev(starts.astype(np.int32)),
+            seq_lens=to_dev(np.array(seq_lens, dtype=np.int32)),
+            block_tables=to_dev(tables),
             max_query_len=max(query_lens, default=0),
             max_seq_len=max(seq_lens, default=0),
             query_lens_cpu=query_lens,
