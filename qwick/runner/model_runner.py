@@ -17,6 +17,7 @@ from transformers import PretrainedConfig
 
 from qwick.config import EngineConfig, default_max_num_batched_tokens
 from qwick.core.scheduler_output import SchedulerOutput
+from qwick.device_upload import to_device
 from qwick.forward_context import set_forward_context
 from qwick.layers.attention.backend import AttentionBackend, AttentionRow, is_fp8_kv, kv_cache_torch_dtype
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
@@ -355,8 +356,8 @@ class ModelRunner:
                 sampling_rows.append(item)
         patch = None
         if patch_dst:
-            dst = torch.tensor(patch_dst, dtype=torch.long).to(self.device, non_blocking=True)
-            src = torch.tensor(patch_src, dtype=torch.long).to(self.device, non_blocking=True)
+            dst = to_device(patch_dst, torch.long, self.device)
+            src = to_device(patch_src, torch.long, self.device)
             prev = self._prev_sampled
 
             def patch(ids: torch.Tensor) -> None:
@@ -371,10 +372,10 @@ class ModelRunner:
             hidden = graphs.replay(token_ids, positions, [r.block_table for r in rows], patch=patch)
         else:
             metadata = self.backend.build_metadata(rows)
-            ids = torch.tensor(token_ids, dtype=torch.long).to(self.device, non_blocking=True)
+            ids = to_device(token_ids, torch.long, self.device)
             if patch is not None:
                 patch(ids)
-            pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
+            pos = to_device(positions, torch.long, self.device)
             with set_forward_context(metadata):
                 hidden = self.model(ids, pos)
         if not sampling_rows:
@@ -382,7 +383,7 @@ class ModelRunner:
         if len(logits_indices) == len(token_ids) and hidden.shape[0] >= len(token_ids):
             selected = hidden[: len(token_ids)]  # every row samples its only token: no gather
         else:
-            index = torch.tensor(logits_indices, dtype=torch.long).to(self.device, non_blocking=True)
+            index = to_device(logits_indices, torch.long, self.device)
             selected = hidden[index]
         logits = self.model.compute_logits(selected)
         requests = [item.request for item in sampling_rows]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from qwick.core.request import Request
+from qwick.device_upload import to_device
 
 _EPS = 1e-5
 _MASK64 = (1 << 64) - 1
@@ -249,7 +250,7 @@ class SamplingMetadata:
         grammar_rows = [i for i, req in enumerate(requests) if req.structured_output is not None]
 
         def t(data, dtype):
-            return torch.tensor(data, dtype=dtype, device=device)
+            return to_device(data, dtype, device)
 
         num_greedy = sum(greedy)
         all_greedy = num_greedy == n

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from qwick.device_upload import to_device
+
 FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_E4M3_MAX = 448.0  # the largest finite e4m3fn value; larger magnitudes are clamped to it
 
@@ -113,17 +115,14 @@ class AttentionBackend(ABC):
         pos = np.arange(num_tokens, dtype=np.int64) + (start_pos - starts[:-1])[row_of]
         slots = tables[row_of, pos // bs].astype(np.int64) * bs + pos % bs
 
-        def to_dev(x: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(x).to(self.device, non_blocking=True)
-
         return AttentionMetadata(
             num_rows=n,
             num_tokens=num_tokens,
             block_size=bs,
-            slot_mapping=to_dev(slots),
-            query_start_loc=to_dev(starts.astype(np.int32)),
-            seq_lens=to_dev(np.array(seq_lens, dtype=np.int32)),
-            block_tables=to_dev(tables),
+            slot_mapping=to_device(slots, torch.int64, self.device),
+            query_start_loc=to_device(starts, torch.int32, self.device),
+            seq_lens=to_device(seq_lens, torch.int32, self.device),
+            block_tables=to_device(tables, torch.int32, self.device),
             max_query_len=max(query_lens, default=0),
             max_seq_len=max(seq_lens, default=0),
             query_lens_cpu=query_lens,

@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from qwick.device_upload import to_device
 from qwick.layers.attention.backend import AttentionBackend, AttentionMetadata, AttentionRow, is_fp8_kv
 
 LOG2E = 1.4426950408889634
@@ -493,7 +494,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     @staticmethod
     def _to_dev(values: list[int], md: AttentionMetadata) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32).to(md.seq_lens.device, non_blocking=True)
+        return to_device(values, torch.int32, md.seq_lens.device)
 
     def _tiles(self, plan: _TritonPlan, md: AttentionMetadata, block_m: int) -> torch.Tensor:
         tiles = plan.tiles.get(block_m)

@@ -1,0 +1,35 @@
+"""`to_device`: every per-step upload's values and dtypes, from lists, numpy arrays and tensors; on a GPU
+the copy goes through pinned memory, is correct once the stream runs it, and its pinned block is safely
+reused by the next upload."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qwick.device_upload import to_device
+
+
+@pytest.mark.parametrize(
+    "data", [[3, 1, 2], np.array([3, 1, 2], dtype=np.int64), torch.tensor([3, 1, 2]), [[1, 2], [3, 4]]]
+)
+def test_values_and_dtype_on_the_cpu(data):
+    out = to_device(data, torch.int32, "cpu")
+    assert out.dtype == torch.int32 and out.device.type == "cpu"
+    assert out.tolist() == (data.tolist() if hasattr(data, "tolist") else data)
+
+
+def test_empty_and_float():
+    assert to_device([], torch.long, "cpu").shape == (0,)
+    assert to_device([0.5, 2.0], torch.float32, "cpu").tolist() == [0.5, 2.0]
+
+
+@pytest.mark.gpu
+def test_pinned_uploads_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    outs = [to_device(list(range(i, i + 1000)), torch.long, "cuda") for i in range(50)]
+    torch.cuda.synchronize()
+    for i, out in enumerate(outs):  # later uploads reuse pinned blocks only after earlier copies ran
+        assert out.device.type == "cuda" and out[0].item() == i and out[-1].item() == i + 999
