@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Every GPU check and figure of issues 4 and 7, in parts that each fit one 10-minute device call, writing
+# JSON reports and logs under $OUT (default ./gpu_out). Run from the repository root on the GPU machine:
+#
+#   bash benchmarks/gpu_session.sh tests     # the GPU test suite (-m gpu), structured output included
+#   bash benchmarks/gpu_session.sh latency   # batch-1 decode and TTFT: bf16, fp8, int8, int4, 14b, 2048 tokens
+#   bash benchmarks/gpu_session.sh long      # 32k context with bf16 and fp8 KV caches, startup time
+#   bash benchmarks/gpu_session.sh tput      # workload 3 in bf16 and fp8, host overhead at batch 256
+#
+# On the project's device machine, install the wheels the server side needs first (.whl, carried along):
+#   python -m pip install -q --no-deps .whl/*.whl
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+CLI="python -m qwick.entrypoints.cli"
+LAT="$CLI bench latency --num-iters 3"
+SHORT="--max-model-len 4096 --input-len 128 --output-len 128"
+TPUT="$CLI bench throughput --shape qwen2.5-7b --max-model-len 4096 --num-prompts 256 \
+  --input-len-range 100 1024 --output-len-range 100 1024 --num-iters 1"
+
+run() {  # name, command...: log to $OUT/name.log, print the figures
+  local name=$1
+  shift
+  echo "== $name: $*"
+  "$@" >"$OUT/$name.log" 2>&1
+  echo "   exit $? $(grep -ho '"\(decode_tokens_per_s\|ttft_ms\|output_tokens_per_s\)": [0-9.]*' "$OUT/$name.log" \
+    | head -3 | tr '\n' ' ')"
+}
+
+case "${1:-}" in
+  tests)
+    python -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -15
+    python -m pytest -q -p no:cacheprovider tests/entrypoints/test_llm_structured.py 2>&1 | tail -3
+    ;;
+  latency)
+    run bf16 $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/lat_bf16.json"
+    run bf16_sync $LAT --shape qwen2.5-7b $SHORT --no-async-scheduling --output-json "$OUT/lat_bf16_sync.json"
+    for q in fp8 int8 int4; do
+      run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
+    done
+    run 14b $LAT --shape qwen2.5-14b $SHORT --output-json "$OUT/lat_14b.json"
+    run ttft2048 $LAT --shape qwen2.5-7b --max-model-len 4096 --input-len 2048 --output-len 2 \
+      --output-json "$OUT/ttft2048.json"
+    ;;
+  long)
+    for kv in auto fp8; do
+      run "ctx32k_$kv" $CLI bench latency --num-iters 2 --shape qwen2.5-7b --max-model-len 32768 \
+        --input-len 32000 --output-len 64 --kv-cache-dtype "$kv" --output-json "$OUT/ctx32k_$kv.json"
+    done
+    run ctx8k $CLI bench latency --num-iters 2 --shape qwen2.5-7b --max-model-len 32768 --input-len 8192 \
+      --output-len 64 --output-json "$OUT/ctx8k.json"
+    run startup python benchmarks/startup_time.py qwen2.5-7b 32768
+    tail -3 "$OUT/startup.log"
+    ;;
+  tput)
+    run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
+    run tput_fp8 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
+    run host python benchmarks/host_overhead.py --shape qwen2.5-7b --steps 20 --profile-steps 0
+    tail -12 "$OUT/host.log"
+    ;;
+  *)
+    echo "usage: $0 tests|latency|long|tput" >&2
+    exit 2
+    ;;
+esac
