@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.gemv import GemvWorkspace, gemv  # noqa: E402
+from qwick.kernels.gemv import GemvWorkspace, gemv, split_k_for  # noqa: E402
 from qwick.kernels.row_gemv import (  # noqa: E402
     RowGemvConfig,
     _check_workspace,
@@ -111,11 +111,7 @@ def _w8_row_kernel(
 def default_w8_config(n: int, k: int, num_sms: int) -> RowGemvConfig:
     """Launch shape for 8-bit codes: split K until about four programs per SM are streaming."""
     block_n, block_k = 16, 256
-    tiles = triton.cdiv(n, block_n)
-    split = 1
-    while tiles * split < 4 * num_sms and k // (block_k * split * 2) >= 2:
-        split *= 2
-    return RowGemvConfig(block_n, block_k, split)
+    return RowGemvConfig(block_n, block_k, split_k_for(triton.cdiv(n, block_n), k // block_k, num_sms))
 
 
 def w8_row_gemv(  # the 8-bit CUDA-core variant, kept here for comparison

@@ -168,6 +168,15 @@ def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2) -> Ge
     return GemvConfig(64, 256, 1, num_stages=4)
 
 
+def split_k_for(tiles: int, k_tiles: int, num_sms: int) -> int:
+    """K splits for a skinny matmul of `tiles` output tiles over `k_tiles` tiles of K: double until about
+    four programs per SM are streaming, as long as every split keeps at least two tiles of K."""
+    split = 1
+    while tiles * split < 4 * num_sms and k_tiles // (split * 2) >= 2:
+        split *= 2
+    return split
+
+
 class GemvWorkspace:
     """The split-K scratch shared by every skinny matmul of a model (calls on one stream never overlap).
 

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.gemv import GemvWorkspace, _gemv_epilogue
+from qwick.kernels.gemv import GemvWorkspace, _gemv_epilogue, split_k_for
 from qwick.quantization.formats.layout import QuantizedWeight
 
 ZERO_CONST, ZERO_TENSOR = 0, 1  # zero points: the weight's constant, or a [N, groups] tensor
@@ -179,12 +179,9 @@ def default_w4_config(n: int, kw: int, group_words: int, num_sms: int) -> RowGem
     deep; wide outputs (gate/up) split K in two and prefetch the next tile; narrow ones split K until
     about four programs per SM are streaming (16-way for a 7b down projection)."""
     block_n = 64
-    tiles = triton.cdiv(n, block_n)
     if n >= 16384:
         return RowGemvConfig(block_n, group_words, 2 if kw >= 4 * group_words else 1, prefetch=True)
-    split = 1
-    while tiles * split < 4 * num_sms and kw // (group_words * split * 2) >= 2:
-        split *= 2
+    split = split_k_for(triton.cdiv(n, block_n), kw // group_words, num_sms)
     return RowGemvConfig(block_n, group_words, split)
 
 

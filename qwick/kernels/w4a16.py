@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.gemv import MAX_M, GemvWorkspace, _gemv_epilogue
+from qwick.kernels.gemv import MAX_M, GemvWorkspace, _gemv_epilogue, split_k_for
 from qwick.quantization.formats.layout import QuantizedWeight
 
 ZERO_CONST, ZERO_TENSOR, ZERO_MINS = 0, 1, 2
@@ -154,10 +154,7 @@ def default_config(m: int, n: int, k: int, bits: int, num_sms: int) -> QuantGemv
     if m > MAX_M:
         return QuantGemvConfig(128, 128, 1, num_warps=8, num_stages=3, block_m=64)
     block_n, block_k = 64, 256
-    tiles = triton.cdiv(n, block_n)
-    split = 1
-    while tiles * split < 4 * num_sms and k // (block_k * split * 2) >= 2:
-        split *= 2
+    split = split_k_for(triton.cdiv(n, block_n), k // block_k, num_sms)
     return QuantGemvConfig(block_n, block_k, split, num_warps=4, num_stages=4)
 
 
