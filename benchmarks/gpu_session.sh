@@ -2,7 +2,8 @@
 # Every GPU check and figure of issues 4 and 7, in parts that each fit one 10-minute device call, writing
 # JSON reports and logs under $OUT (default ./gpu_out). Run from the repository root on the GPU machine:
 #
-#   bash benchmarks/gpu_session.sh tests     # the GPU test suite (-m gpu), structured output included
+#   bash benchmarks/gpu_session.sh kernels   # GPU tests of the Triton kernels and attention layers (-m gpu)
+#   bash benchmarks/gpu_session.sh tests     # the other GPU tests: runner, models, quantization, engine, ...
 #   bash benchmarks/gpu_session.sh latency   # batch-1 decode and TTFT: bf16, fp8, int8, int4, 14b, 2048 tokens
 #   bash benchmarks/gpu_session.sh long      # 32k context with bf16 and fp8 KV caches, startup time
 #   bash benchmarks/gpu_session.sh tput      # workload 3 in bf16 and fp8, host overhead at batch 256
@@ -28,8 +29,12 @@ run() {  # name, command...: log to $OUT/name.log, print the figures
 }
 
 case "${1:-}" in
+  kernels)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/layers 2>&1 | tail -15
+    ;;
   tests)
-    python -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -15
+    python -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/kernels --ignore=tests/layers 2>&1 \
+      | tail -15
     python -m pytest -q -p no:cacheprovider tests/entrypoints/test_llm_structured.py 2>&1 | tail -3
     ;;
   latency)
@@ -59,7 +64,7 @@ case "${1:-}" in
     tail -12 "$OUT/host.log"
     ;;
   *)
-    echo "usage: $0 tests|latency|long|tput" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput" >&2
     exit 2
     ;;
 esac
