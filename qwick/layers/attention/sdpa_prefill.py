@@ -1,0 +1,55 @@
+"""Whole prompts through `F.scaled_dot_product_attention`: the prefill fast path of the Triton backend.
+
+A row whose queries are its whole sequence (a prompt, nothing cached before it) attends only to its own
+keys and values, which the layer has in hand before they are written to the paged cache. torch's SDPA
+(flash attention on GPUs) runs such rows faster than a paged kernel that reads them back from the cache.
+Torch-only, so CPUs test it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from qwick.layers.attention.backend import AttentionMetadata
+
+
+def whole_prompt_rows(
+    md: AttentionMetadata, extend_rows: Sequence[tuple[int, int]], min_tokens: int
+) -> list[tuple[int, int]] | None:
+    """(first token, length) of each of `extend_rows` ((row, query tokens) pairs), when every one is a whole
+    sequence (no cached tokens before its queries) of at least `min_tokens`; otherwise None."""
+    starts = []
+    start = 0
+    for n in md.query_lens_cpu:
+        starts.append(start)
+        start += n
+    rows = []
+    for i, n in extend_rows:
+        if n < min_tokens or md.seq_lens_cpu[i] != n:
+            return None
+        rows.append((starts[i], n))
+    return rows
+
+
+def causal_prefill_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    rows: list[tuple[int, int]],
+    scale: float,
+) -> None:
+    """out[s:s+n] = causal attention of each row's own queries, keys and values ([tokens, heads, dim]; a
+    whole prompt, nothing cached), through `F.scaled_dot_product_attention` (flash attention on GPUs).
+    Key/value heads are repeated to the query heads: a copy of one prompt's keys, which keeps SDPA on its
+    fastest kernels (grouped-query support varies by backend)."""
+    group = q.shape[1] // k.shape[1]
+    for start, n in rows:
+        rows_q = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, dim]
+        rows_k = k[start : start + n].repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+        rows_v = v[start : start + n].repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(rows_q, rows_k, rows_v, is_causal=True, scale=scale)
+        out[start : start + n] = o.squeeze(0).transpose(0, 1)
