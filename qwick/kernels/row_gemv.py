@@ -31,9 +31,8 @@ import triton
 import triton.language as tl
 
 from qwick.kernels.gemv import GemvWorkspace, _gemv_epilogue, split_k_for
+from qwick.kernels.w4a16 import ZERO_CONST, ZERO_TENSOR
 from qwick.quantization.formats.layout import QuantizedWeight
-
-ZERO_CONST, ZERO_TENSOR = 0, 1  # zero points: the weight's constant, or a [N, groups] tensor
 
 
 @triton.jit
