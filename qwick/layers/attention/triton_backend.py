@@ -421,6 +421,7 @@ class _TritonPlan:
     extend_rows: list[tuple[int, int]]  # (row, query tokens) of rows with several queries
     tiles: dict = field(default_factory=dict)  # BLOCK_M -> [num_tiles, 2] int32: (row, first query)
     buffers: dict = field(default_factory=dict)  # (heads, head_dim, splits) -> (mid_o, mid_lse)
+    whole_prompts: dict = field(default_factory=dict)  # min tokens -> `whole_prompt_rows`, once per step
 
 
 def _pow2(x: int, lo: int = 1) -> int:
@@ -611,7 +612,10 @@ class TritonAttentionBackend(AttentionBackend):
         paged extend kernel (which ran at 0.55-0.6x of it on 2048-token prompts). Otherwise None."""
         if fp8 or sliding_window or q.dtype not in (torch.bfloat16, torch.float16):
             return None
-        return whole_prompt_rows(md, plan.extend_rows, self.sdpa_min_tokens)
+        key = self.sdpa_min_tokens
+        if key not in plan.whole_prompts:
+            plan.whole_prompts[key] = whole_prompt_rows(md, plan.extend_rows, key)
+        return plan.whole_prompts[key]
 
     def _decode(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window) -> None:
         num_heads, head_dim = q.shape[1], q.shape[2]
