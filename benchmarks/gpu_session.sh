@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_session.sh latency   # batch-1 decode and TTFT: bf16, fp8, int8, int4, 14b, 2048 tokens
 #   bash benchmarks/gpu_session.sh long      # 32k context with bf16 and fp8 KV caches, startup time
 #   bash benchmarks/gpu_session.sh tput      # workload 3 in bf16 and fp8, host overhead at batch 256
+#   bash benchmarks/gpu_session.sh models    # greedy tokens and logits against transformers at 7b shapes, per mode
 #
 # On the project's device machine, install the wheels the server side needs first (.whl, carried along):
 #   python -m pip install -q --no-deps .whl/*.whl
@@ -63,8 +64,14 @@ case "${1:-}" in
     run host python benchmarks/host_overhead.py --shape qwen2.5-7b --steps 20 --profile-steps 0
     tail -12 "$OUT/host.log"
     ;;
+  models)
+    for q in "" fp8 int8 int4; do
+      echo "== ${q:-bf16}"
+      python benchmarks/greedy_vs_transformers.py $q 2>&1 | grep -E "^(quantization|prompt)" | tee -a "$OUT/models.log"
+    done
+    ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models" >&2
     exit 2
     ;;
 esac

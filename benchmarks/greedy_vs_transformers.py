@@ -1,4 +1,11 @@
-"""qwen2.5-7b shapes, random weights: qwick vs transformers on the same weights, greedy 64 steps + logits."""
+"""qwen2.5-7b shapes, random weights: qwick vs transformers on the same weights, greedy 64 steps + logits.
+
+    python benchmarks/greedy_vs_transformers.py [fp8|int8|int4]
+
+With a quantization mode, qwick quantizes the random weights while loading and transformers runs their
+dequantized copy (`checkpoint_tensors` exports it) in bf16 with unquantized activations: the same function
+for int4 (W4A16) and for 8-bit decode steps (W8A16); 8-bit prefill also quantizes activations (W8A8), so
+its logits differ from the reference by that as well."""
 
 import os
 import sys
@@ -10,9 +17,15 @@ from qwick import LLM, SamplingParams
 from qwick.bench.hf_reference import transformers_on_our_weights
 from qwick.bench.shapes import model_dir_for_shape
 
+quantization = sys.argv[1] if len(sys.argv) > 1 else None
 llm = LLM(
-    model_dir_for_shape("qwen2.5-7b"), load_format="dummy", max_model_len=4096, gpu_memory_utilization=0.5
+    model_dir_for_shape("qwen2.5-7b"),
+    load_format="dummy",
+    max_model_len=4096,
+    gpu_memory_utilization=0.5,
+    quantization=quantization,
 )
+print(f"quantization: {quantization or 'none (bf16)'}", flush=True)
 model = llm.llm_engine.core.runner.model
 ref = transformers_on_our_weights(model, torch.bfloat16, "cuda")
 g = torch.Generator().manual_seed(3)
