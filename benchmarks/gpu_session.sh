@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_session.sh long      # 32k context with bf16 and fp8 KV caches, startup time
 #   bash benchmarks/gpu_session.sh tput      # workload 3 in bf16 and fp8, host overhead at batch 256
 #   bash benchmarks/gpu_session.sh models    # greedy tokens and logits against transformers at 7b shapes, per mode
+#   bash benchmarks/gpu_session.sh attn      # attention kernels: decode bf16 vs fp8 cache (+ sweep), prefill vs SDPA
 #
 # On the project's device machine, install the wheels the server side needs first (.whl, carried along):
 #   python -m pip install -q --no-deps .whl/*.whl
@@ -70,8 +71,13 @@ case "${1:-}" in
       python benchmarks/greedy_vs_transformers.py $q 2>&1 | grep -E "^(quantization|prompt)" | tee -a "$OUT/models.log"
     done
     ;;
+  attn)
+    ATT="python -m qwick.bench.attention_bench --batch 1 8 64 --context 8192 32768 --no-torch"
+    $ATT --prefill --json "$OUT/attn_bf16.json" 2>&1 | tail -30
+    $ATT --kv-cache-dtype fp8 --sweep --json "$OUT/attn_fp8.json" 2>&1 | tail -40
+    ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn" >&2
     exit 2
     ;;
 esac
