@@ -152,8 +152,9 @@ def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2) -> Ge
     The landscape is flat (the best of 48 shapes within 1-3% of these picks, on every qwen2.5-7b and -14b
     layer shape at M = 1..16): wide outputs stream 32-64 rows per program over the whole K; narrow outputs
     (a 3584-5120 hidden size) with a long K split it 4 ways so that enough programs stream at once.
-    1-byte (fp8 / int8) weights: the conversion to the activation dtype, not the bytes, limits them
-    (~2.6 TB/s), and narrower tiles with more K splits win.
+    1-byte (fp8 / int8) weights reach only 2.1-2.6 TB/s, and narrower tiles with more K splits win. Not the
+    conversion to the activation dtype limits them: a CUDA-core variant without tensor cores or shared
+    memory is no faster (benchmarks/row_gemv_sweep.py, BENCHMARKS.md).
     """
     if w_bytes == 1:  # fp8 / int8 codes: 32 x 256 tiles won at every 7b shape (WEIGHT=fp8|int8 sweeps)
         if n >= 16384:

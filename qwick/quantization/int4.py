@@ -80,9 +80,9 @@ class PackedLinearMethod(LinearMethod):
     """A linear layer whose weight is a `QuantizedWeight` once loaded; subclasses say how it gets there.
 
     After `_install` the layer holds `weight` (int32 codes), `scales`, `zeros` / `mins` (or None) and `perm`
-    (or None); `apply` runs the W4A16 kernel on CUDA for decode-sized inputs, dequantize-then-matmul
-    elsewhere. Subclasses: `Int4LinearMethod` (AWQ / GPTQ checkpoints), `RtnInt4LinearMethod` (int4 on
-    the fly), `qwick.quantization.gguf.GgufLinearMethod` (GGUF blocks kept quantized).
+    (or None); `apply` runs the CUDA kernels of `_apply_cuda`, dequantize-then-matmul elsewhere.
+    Subclasses: `Int4LinearMethod` (AWQ / GPTQ checkpoints), `RtnInt4LinearMethod` (int4 on the fly),
+    `qwick.quantization.gguf.GgufLinearMethod` (GGUF blocks kept quantized).
     """
 
     quantized = True
@@ -136,8 +136,9 @@ class PackedLinearMethod(LinearMethod):
         return y.reshape(*shape[:-1], y.shape[-1])
 
     def _apply_cuda(self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
-        """Batch 1: the CUDA-core GEMV; 2-16 rows: the tensor-core W4A16 kernel; more (prefill): dequantize
-        the layer into a transient bf16/fp16 weight with one Triton kernel, then cuBLAS."""
+        """Batch 1: the CUDA-core GEMV; 2-16 rows: the tensor-core W4A16 kernel; more (prefill, and decode
+        batches above 16, where this rewrites the whole layer in bf16 every step): dequantize the layer into
+        a transient bf16/fp16 weight with one Triton kernel, then cuBLAS."""
         from qwick.kernels.row_gemv import w4_row_gemv, w4_row_supported
         from qwick.kernels.w4a16 import dequantize_int4, quant_matmul
 
@@ -147,7 +148,7 @@ class PackedLinearMethod(LinearMethod):
             return w4_row_gemv(x, weight, layer.bias, self.workspace)
         if 0 < m <= 16:
             return quant_matmul(x, weight, layer.bias, self.workspace)
-        if fast and m > 16:
+        if fast and m > 0:
             if weight.perm is not None:  # act-order: K is stored grouped; gather x to match
                 x = x.index_select(1, weight.perm)
             bias = layer.bias.to(x.dtype) if layer.bias is not None else None

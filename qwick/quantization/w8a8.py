@@ -253,7 +253,6 @@ class W8A8LinearMethod(LinearMethod):
             from qwick.kernels.gemv import gemv
 
             scale = self.weight_scale(layer)
-
             return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
         if not self.quantize_activations:
             return self.apply_reference(layer, x)

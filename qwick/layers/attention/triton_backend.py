@@ -27,8 +27,9 @@ rounded to e4m3 (the reference's `quantize_kv`, byte for byte); the attention ke
 (half the bytes), convert them exactly to the dot products' dtype, and apply the scales outside the dot
 products: `k_scale` is folded into the softmax scale on the host and `v_scale` multiplies the output once.
 With bf16/fp16 models the dot products run in fp16 (`F16_DOT`, queries scaled by 1/256): e4m3 converts to
-fp16 in one instruction, to bf16 in three, and with bf16 operands reading the half-size fp8 cache was slower
-than reading a bf16 one (199.5 vs 209.6 tok/s at 32k context on the H200). fp32 models convert to fp32.
+fp16 in one instruction, to bf16 in three. On the H200 at 32k context that took batch-1 decode from 199.5
+to 201.5 tok/s, still below a bf16 cache's 209.6: the conversion was not the main cost. fp32 models
+convert to fp32.
 Both scales are plain float arguments (never specialized); 16/32-bit caches compile exactly as before.
 """
 
