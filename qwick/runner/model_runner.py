@@ -181,12 +181,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         for tokens in (16, 160):
             tokens = min(tokens, self.max_model_len)
-            rows = [AttentionRow(0, tokens, [0] * ((tokens + self.block_size - 1) // self.block_size))]
-            md = self.backend.build_metadata(rows)
-            md.slot_mapping.zero_()
-            ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-            with set_forward_context(md):
-                hidden = self.model(ids, torch.arange(tokens, device=self.device))
+            hidden = self._null_forward([tokens])
             for m in range(1, min(16, self.config.max_num_seqs, tokens) + 1):
                 self.model.compute_logits(hidden[:m])
         self.sampler.warm_up(self.vocab_size, self.device)
@@ -292,18 +287,22 @@ class ModelRunner:
         prefill). Writes only to the null block."""
         max_len = self.max_model_len
         tokens = min(default_max_num_batched_tokens(self.config, max_len), self.config.max_num_seqs * max_len)
-        lengths = [min(max_len, tokens - start) for start in range(0, tokens, max_len)]
-        blocks = [[0] * ((n + self.block_size - 1) // self.block_size) for n in lengths]
-        md = self.backend.build_metadata([AttentionRow(0, n, b) for n, b in zip(lengths, blocks)])
-        md.slot_mapping.zero_()  # everything lands in the null block: only the memory peak matters
-        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-        positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])
-        with set_forward_context(md):
-            hidden = self.model(ids, positions)
+        hidden = self._null_forward([min(max_len, tokens - start) for start in range(0, tokens, max_len)])
         num_rows = min(self.config.max_num_seqs, tokens)
         logits = self.model.compute_logits(hidden[-num_rows:])
         meta = SamplingMetadata.worst_case(num_rows, self.vocab_size, max_len, self.device)
         Sampler(seed=0)(logits, meta)  # its own generator: the engine's random stream stays untouched
+
+    def _null_forward(self, lengths: list[int]) -> torch.Tensor:
+        """A forward of whole prompts of these lengths (token id 0) whose keys and values all land in the
+        null block: for warm-ups and memory profiles, which need the kernels and the memory, not the cache."""
+        blocks = [[0] * ((n + self.block_size - 1) // self.block_size) for n in lengths]
+        md = self.backend.build_metadata([AttentionRow(0, n, b) for n, b in zip(lengths, blocks)])
+        md.slot_mapping.zero_()
+        ids = torch.zeros(sum(lengths), dtype=torch.long, device=self.device)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])
+        with set_forward_context(md):
+            return self.model(ids, positions)
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         for layer in self.model.attention_layers():

@@ -271,8 +271,7 @@ class SamplingMetadata:
             bitmask = torch.full((n, (V + 31) // 32), -1, dtype=torch.int32)
             for i in grammar_rows:
                 requests[i].structured_output.fill_bitmask(bitmask, i)
-            if device.type == "cuda":
-                bitmask = bitmask.pin_memory().to(device, non_blocking=True)
+            bitmask = to_device(bitmask, torch.int32, device)
 
         return cls(
             num_rows=n,
