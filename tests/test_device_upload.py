@@ -26,6 +26,23 @@ def test_empty_and_float():
 
 
 @pytest.mark.gpu
+def test_upload_returns_while_the_gpu_is_busy():
+    """The point of `to_device`: the host does not wait for kernels queued before the copy. A copy from
+    pageable memory would wait for the spin kernel below to end; this one returns while it still runs."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    to_device([0], torch.long, "cuda")  # warm the pinned allocator
+    torch.cuda.synchronize()
+    torch.cuda._sleep(4_000_000_000)  # a kernel that spins for a couple of seconds
+    busy = torch.cuda.Event()
+    busy.record()
+    out = to_device(list(range(4096)), torch.long, "cuda")
+    assert not busy.query(), "to_device waited for the kernels queued before it"
+    torch.cuda.synchronize()
+    assert out.sum().item() == sum(range(4096))
+
+
+@pytest.mark.gpu
 def test_pinned_uploads_on_the_gpu():
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
