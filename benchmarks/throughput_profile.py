@@ -2,7 +2,7 @@
 engine step's wall time, split by kind (pure decode through a CUDA graph, or eager with prefill chunks), the
 host share of it (time the CPU spends outside waiting on the GPU), and a kernel table of a window of steps.
 
-    python benchmarks/throughput_profile.py [shape]      # writes $OUT/throughput_profile.json
+    python benchmarks/throughput_profile.py [shape] [quantization]   # writes $OUT/throughput_profile.json
 """
 
 import json
@@ -20,8 +20,15 @@ from qwick.bench.shapes import model_dir_for_shape  # noqa: E402
 from qwick.bench.workloads import ranged_requests  # noqa: E402
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-7b"
+quantization = sys.argv[2] if len(sys.argv) > 2 else None
 # Synchronous steps, timed one by one (async scheduling would overlap a step with the next one's host work).
-llm = LLM(model_dir_for_shape(shape), load_format="dummy", max_model_len=4096, async_scheduling=False)
+llm = LLM(
+    model_dir_for_shape(shape),
+    load_format="dummy",
+    max_model_len=4096,
+    async_scheduling=False,
+    quantization=quantization,
+)
 eng = llm.llm_engine
 core = eng.core
 vocab = core.runner.vocab_size
@@ -36,7 +43,7 @@ profiled = None
 t_start = time.perf_counter()
 while eng.has_unfinished_requests():
     n = len(steps)
-    ctx = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if n in (200, 2000) else None
+    ctx = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if n in (10, 200) else None
     if ctx is not None:
         ctx.__enter__()
     replays = core.runner.num_graph_replays
@@ -52,7 +59,13 @@ while eng.has_unfinished_requests():
         profiled = profiled or table
 total = time.perf_counter() - t_start
 out_tokens = sum(r.max_tokens for r in requests)
-report = {"shape": shape, "seconds": total, "output_tokens_per_s": out_tokens / total, "steps": len(steps)}
+report = {
+    "shape": shape,
+    "quantization": quantization,
+    "seconds": total,
+    "output_tokens_per_s": out_tokens / total,
+    "steps": len(steps),
+}
 for kind in ("graph", "eager"):
     ts = [dt for k, dt in steps if k == kind]
     if ts:

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from qwick.device_upload import to_device
+
 
 @triton.jit
 def _seeded_uniform_kernel(out_ptr, rows_ptr, seeds_ptr, vocab, stride_row, BLOCK: tl.constexpr):
@@ -35,3 +37,98 @@ def seeded_uniform_(out: torch.Tensor, rows: list[int], seeds: list[int]) -> Non
     _seeded_uniform_kernel[(len(rows), triton.cdiv(vocab, block))](
         out, rows_t, seeds_t, vocab, out.stride(0), BLOCK=block, num_warps=8
     )
+
+
+@triton.jit(do_not_specialize=["base_seed"])
+def _race_argmax_kernel(
+    logits_ptr,
+    temp_ptr,
+    seeds_ptr,
+    best_val_ptr,
+    best_idx_ptr,
+    vocab,
+    stride_row,
+    chunk,
+    base_seed,
+    HAS_TEMP: tl.constexpr,
+    HAS_SEEDS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One (row, vocabulary chunk): the best of logit / t - log(-log u) over the chunk, and where it is."""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    if HAS_SEEDS:
+        seed = tl.load(seeds_ptr + row)
+    else:
+        seed = base_seed + row
+    start = part * chunk
+    end = tl.minimum(start + chunk, vocab)
+    best = tl.full((BLOCK,), float("-inf"), tl.float32)
+    where = tl.zeros((BLOCK,), tl.int32) + start
+    ptr = logits_ptr + row.to(tl.int64) * stride_row
+    for off in range(start, end, BLOCK):
+        cols = off + tl.arange(0, BLOCK)
+        ok = cols < end
+        x = tl.load(ptr + cols, mask=ok, other=float("-inf")).to(tl.float32)
+        # q = -log u ~ Exp(1), floored like the torch path; u = 0 gives q = inf, which never wins.
+        q = tl.maximum(-tl.log(tl.rand(seed, cols)), 1e-30)
+        if HAS_TEMP:
+            x = x / tl.load(temp_ptr + row)
+        score = x - tl.log(q)
+        better = ok & (score > best)  # strict: the earliest column wins a tie, as torch.argmax does
+        best = tl.where(better, score, best)
+        where = tl.where(better, cols, where)
+    top = tl.max(best, axis=0)
+    idx = tl.min(tl.where(best == top, where, vocab), axis=0)
+    tl.store(best_val_ptr + row * tl.num_programs(1) + part, top)
+    tl.store(best_idx_ptr + row * tl.num_programs(1) + part, tl.minimum(idx, vocab - 1))
+
+
+def race_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    base_seed: int,
+    row_seeds: list[int] | None = None,
+) -> torch.Tensor:
+    """Sample one token per row of `logits` [B, V] from softmax(logits / temperature) in one pass.
+
+    The exponential race argmax(p / q), q ~ Exp(1), taken in log space: argmax(logit / t - log q) is the
+    same token (log is monotonic, and the softmax's normalizer is the same for every column), so neither
+    the softmax nor the noise tensor is materialized. Row i's noise is Philox keyed by `row_seeds[i]`, or
+    by `base_seed + i` without them, at the vocabulary index: the same uniforms `seeded_uniform_` draws
+    for that key. Keep `base_seed` in [2^32, 2^62) so that the kernel's argument is always int64 (one
+    compiled variant). `temperature` [B] fp32 (None: 1). Long rows are split over several programs so that
+    a small batch still fills the GPU; the chunks' winners are reduced here. Returns int64 [B].
+    """
+    b, vocab = logits.shape
+    assert logits.stride(1) == 1
+    block = 2048
+    blocks = triton.cdiv(vocab, block)
+    props = torch.cuda.get_device_properties(logits.device) if logits.is_cuda else None
+    num_sms = props.multi_processor_count if props is not None else 4
+    parts = max(1, min(blocks, triton.cdiv(2 * num_sms, b)))
+    chunk = triton.cdiv(blocks, parts) * block
+    parts = triton.cdiv(vocab, chunk)
+    best_val = torch.empty((b, parts), dtype=torch.float32, device=logits.device)
+    best_idx = torch.empty((b, parts), dtype=torch.int32, device=logits.device)
+    if b == 0:
+        return torch.empty((0,), dtype=torch.long, device=logits.device)
+    seeds = None if row_seeds is None else to_device(row_seeds, torch.int64, logits.device)
+    _race_argmax_kernel[(b, parts)](
+        logits,
+        temperature,
+        seeds,
+        best_val,
+        best_idx,
+        vocab,
+        logits.stride(0),
+        chunk,
+        base_seed,
+        HAS_TEMP=temperature is not None,
+        HAS_SEEDS=seeds is not None,
+        BLOCK=block,
+        num_warps=8,
+    )
+    if parts == 1:
+        return best_idx[:, 0].long()
+    return best_idx.gather(1, best_val.argmax(dim=1, keepdim=True)).squeeze(1).long()

@@ -10,7 +10,9 @@ The order follows vLLM v1:
    get -inf while num_output_tokens < min_tokens), then penalties (repetition over prompt + output,
    HF/vLLM semantics; presence/frequency over output only, OpenAI semantics);
 3. greedy rows take the argmax; the other rows: temperature, top-k, top-p, min-p, then an exponential race
-   (argmax(probs / q), q ~ Exp(1)), which samples from probs without torch.multinomial's host sync.
+   (argmax(probs / q), q ~ Exp(1)), which samples from probs without torch.multinomial's host sync. On
+   CUDA, rows without top-k/top-p/min-p run the race in one fused pass (`qwick.kernels.sampling.
+   race_sample`: argmax(logit / t - log q), the same token), ~0.7 ms less per step at batch 256.
 
 `SamplingMetadata.build` walks the sampling rows once per step (Python work per request, never per
 vocabulary entry) and sets flags so that a batch of greedy rows with no penalties costs one argmax.
@@ -26,6 +28,7 @@ same kind of device, not across device kinds.)
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -422,6 +425,8 @@ class Sampler:
 
     def __init__(self, seed: int | None = None) -> None:
         self.seed = seed
+        # One key per step for the fused CUDA race's unseeded rows, drawn on the host (no device sync).
+        self._step_keys = random.Random(seed)
         self._generators: dict[torch.device, torch.Generator] = {}
         self._seeded_generators: dict[torch.device, torch.Generator] = {}
 
@@ -483,6 +488,8 @@ class Sampler:
 
     def sample_random(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Temperature, top-k, top-p, min-p, exponential race. Greedy rows' results are discarded."""
+        if logits.is_cuda and meta.top_k is None and meta.top_p is None and meta.min_p is None:
+            return self._race_fused(logits, meta)
         if meta.temperature is not None:
             logits = logits / meta.temperature.unsqueeze(1)
         logits = apply_top_k_top_p(logits, meta.top_k, meta.max_top_k, meta.top_p)
@@ -494,13 +501,33 @@ class Sampler:
         # argmax(p / q) with q ~ Exp(1) picks token i with probability p_i / sum(p) (scale-free).
         return probs.div_(q).argmax(dim=-1)
 
+    def _race_fused(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Temperature and the exponential race in one pass over the logits (CUDA, no truncation): neither
+        the softmax nor the noise is materialized, where the torch path makes ~8 passes. Seeded rows draw
+        the noise `seeded_uniform_` would give them; unseeded rows are keyed by this step's key + row."""
+        from qwick.kernels.sampling import race_sample
+
+        base = (1 << 32) + self._step_keys.getrandbits(61)
+        row_seeds = None
+        if meta.seeded_rows:
+            row_seeds = [base + i for i in range(meta.num_rows)]
+            for row, s in zip(meta.seeded_rows, meta.seeded_generator_seeds):
+                row_seeds[row] = s
+        return race_sample(logits, meta.temperature, base, row_seeds)
+
     @staticmethod
     def warm_up(vocab_size: int, device: torch.device) -> None:
-        """Compile the seeded-noise kernel now rather than on the first seeded request (CUDA only)."""
+        """Compile the sampling kernels now rather than on the first request that needs one (CUDA only):
+        the seeded noise, and the fused race with and without temperatures and per-row seeds."""
         if device.type == "cuda":
-            from qwick.kernels.sampling import seeded_uniform_
+            from qwick.kernels.sampling import race_sample, seeded_uniform_
 
-            seeded_uniform_(torch.empty((1, vocab_size), dtype=torch.float32, device=device), [0], [0])
+            logits = torch.zeros((1, vocab_size), dtype=torch.float32, device=device)
+            seeded_uniform_(logits.clone(), [0], [0])
+            temperature = torch.ones(1, dtype=torch.float32, device=device)
+            for temp in (None, temperature):
+                for seeds in (None, [1 << 40]):
+                    race_sample(logits, temp, 1 << 40, seeds)
 
     def _noise(self, shape: torch.Size, device: torch.device, meta: SamplingMetadata) -> torch.Tensor:
         """Exp(1) noise as -log(U): on the CPU `rand` + `log` is 6x faster than `exponential_`

@@ -223,14 +223,16 @@ def test_top_k_larger_than_vocab_is_no_op():
 # ---------------------------------------------------------------- temperature: distribution
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 2.0])
-def test_unseeded_frequencies_follow_softmax(temperature):
+def test_unseeded_frequencies_follow_softmax(temperature, device):
+    """On CUDA this is the fused race (`race_sample`); on the CPU the torch path."""
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     N = 20000
     reqs = [make_req(temperature=temperature) for _ in range(N)]
-    out, meta = sample(reqs, logits.expand(N, 6).contiguous(), seed=1234)
+    out, meta = sample(reqs, logits.expand(N, 6).contiguous(), device, seed=1234)
     assert (meta.temperature is None) == (temperature == 1.0)
-    freq = torch.bincount(out.sampled_token_ids, minlength=6).double() / N
+    freq = torch.bincount(out.sampled_token_ids.cpu(), minlength=6).double() / N
     expected = torch.softmax(logits.double() / temperature, -1)
     # Binomial std <= sqrt(0.25 / N) = 0.0035; 5 sigma.
     assert (freq - expected).abs().max().item() < 0.018, (freq, expected)
@@ -248,12 +250,13 @@ def test_seeded_rows_frequencies_follow_softmax(device):
     assert (freq - expected).abs().max().item() < 0.04, (freq, expected)
 
 
-def test_unseeded_sampler_seed_is_reproducible():
+@pytest.mark.parametrize("device", DEVICES)
+def test_unseeded_sampler_seed_is_reproducible(device):
     logits = torch.randn(64, 500)
     reqs = [make_req() for _ in range(64)]
-    a, _ = sample(reqs, logits, seed=99)
-    b, _ = sample(reqs, logits, seed=99)
-    c, _ = sample(reqs, logits, seed=100)
+    a, _ = sample(reqs, logits, device, seed=99)
+    b, _ = sample(reqs, logits, device, seed=99)
+    c, _ = sample(reqs, logits, device, seed=100)
     assert torch.equal(a.sampled_token_ids, b.sampled_token_ids)
     assert not torch.equal(a.sampled_token_ids, c.sampled_token_ids)
 

@@ -1,0 +1,52 @@
+"""Where a 2048-token prompt's time to first token goes at a real shape: wall time per prefill with the SDPA
+path and with the paged Triton kernel, and a kernel table of one prefill.
+
+    python benchmarks/ttft_profile.py [shape] [prompt_len]
+"""
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.getcwd())
+from qwick import LLM, SamplingParams  # noqa: E402
+from qwick.bench.shapes import model_dir_for_shape  # noqa: E402
+
+shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-7b"
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
+llm = LLM(model_dir_for_shape(shape), load_format="dummy", max_model_len=4096, enable_prefix_caching=False)
+eng = llm.llm_engine
+backend = eng.core.runner.backend
+g = torch.Generator().manual_seed(0)
+
+
+def first_token_s() -> float:
+    """One prompt, one output token: the time of the engine steps until it is out."""
+    eng.add_request(
+        torch.randint(100, 150000, (n,), generator=g).tolist(),
+        SamplingParams(max_tokens=1, temperature=0, ignore_eos=True),
+    )
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    while eng.has_unfinished_requests():
+        eng.step()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+for label, min_tokens in (("sdpa", backend.sdpa_min_tokens), ("paged", 10**9)):
+    backend.sdpa_min_tokens = min_tokens
+    for _ in range(3):
+        first_token_s()
+    ts = [first_token_s() for _ in range(10)]
+    print(f"{label}: TTFT median {statistics.median(ts) * 1e3:.2f} ms, min {min(ts) * 1e3:.2f}", flush=True)
+backend.sdpa_min_tokens = 512
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    first_token_s()
+print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+if os.environ.get("OUT"):
+    prof.export_chrome_trace(os.path.join(os.environ["OUT"], "ttft_trace.json"))
