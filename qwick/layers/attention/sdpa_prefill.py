@@ -44,12 +44,15 @@ def causal_prefill_sdpa(
 ) -> None:
     """out[s:s+n] = causal attention of each row's own queries, keys and values ([tokens, heads, dim]; a
     whole prompt, nothing cached), through `F.scaled_dot_product_attention` (flash attention on GPUs).
-    Key/value heads are repeated to the query heads: a copy of one prompt's keys, which keeps SDPA on its
-    fastest kernels (grouped-query support varies by backend)."""
-    group = q.shape[1] // k.shape[1]
+    Key/value heads stay grouped (`enable_gqa`): on the H200 cuDNN's kernel takes them as they are, 76 us
+    against 112 us for repeating them to the query heads first at 2048 tokens (`benchmarks/sdpa_gqa.py`)."""
     for start, n in rows:
-        rows_q = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, heads, n, dim]
-        rows_k = k[start : start + n].repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
-        rows_v = v[start : start + n].repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(rows_q, rows_k, rows_v, is_causal=True, scale=scale)
+        o = F.scaled_dot_product_attention(
+            q[start : start + n].transpose(0, 1).unsqueeze(0),  # [1, heads, n, dim]
+            k[start : start + n].transpose(0, 1).unsqueeze(0),
+            v[start : start + n].transpose(0, 1).unsqueeze(0),
+            is_causal=True,
+            scale=scale,
+            enable_gqa=True,
+        )
         out[start : start + n] = o.squeeze(0).transpose(0, 1)
