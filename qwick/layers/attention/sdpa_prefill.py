@@ -9,9 +9,11 @@ Torch-only, so CPUs test it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qwick.layers.attention.backend import AttentionMetadata
 
@@ -43,16 +45,22 @@ def causal_prefill_sdpa(
     scale: float,
 ) -> None:
     """out[s:s+n] = causal attention of each row's own queries, keys and values ([tokens, heads, dim]; a
-    whole prompt, nothing cached), through `F.scaled_dot_product_attention` (flash attention on GPUs).
-    Key/value heads stay grouped (`enable_gqa`): on the H200 cuDNN's kernel takes them as they are, 76 us
-    against 112 us for repeating them to the query heads first at 2048 tokens (`benchmarks/sdpa_gqa.py`)."""
-    for start, n in rows:
-        o = F.scaled_dot_product_attention(
-            q[start : start + n].transpose(0, 1).unsqueeze(0),  # [1, heads, n, dim]
-            k[start : start + n].transpose(0, 1).unsqueeze(0),
-            v[start : start + n].transpose(0, 1).unsqueeze(0),
-            is_causal=True,
-            scale=scale,
-            enable_gqa=True,
-        )
-        out[start : start + n] = o.squeeze(0).transpose(0, 1)
+    whole prompt, nothing cached), through `F.scaled_dot_product_attention`.
+
+    Key/value heads stay grouped (`enable_gqa`), with no copies repeating them to the query heads. On CUDA
+    only flash attention runs (math as a fallback for shapes it cannot take): torch would pick cuDNN on
+    Hopper, which is faster per call (76 against ~140 us at 2048 tokens) but builds an execution plan for
+    every new prompt length, 37-58 ms each on the H200 (`benchmarks/sdpa_new_lengths.py`), and nearly
+    every prompt a server sees has a new length."""
+    backends = sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]) if q.is_cuda else nullcontext()
+    with backends:
+        for start, n in rows:
+            o = F.scaled_dot_product_attention(
+                q[start : start + n].transpose(0, 1).unsqueeze(0),  # [1, heads, n, dim]
+                k[start : start + n].transpose(0, 1).unsqueeze(0),
+                v[start : start + n].transpose(0, 1).unsqueeze(0),
+                is_causal=True,
+                scale=scale,
+                enable_gqa=True,
+            )
+            out[start : start + n] = o.squeeze(0).transpose(0, 1)
