@@ -1,5 +1,5 @@
-"""Where a 2048-token prompt's time to first token goes at a real shape: wall time per prefill with the SDPA
-path and with the paged Triton kernel, and a kernel table of one prefill.
+"""Where a 2048-token prompt's time to first token goes at a real shape: wall time per prefill (a length
+seen before, and new lengths), a kernel table of one prefill and its trace ($OUT/ttft_trace.json).
 
     python benchmarks/ttft_profile.py [shape] [prompt_len]
 """
@@ -18,9 +18,13 @@ from qwick.bench.shapes import model_dir_for_shape  # noqa: E402
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-7b"
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
-llm = LLM(model_dir_for_shape(shape), load_format="dummy", max_model_len=4096, enable_prefix_caching=False)
+llm = LLM(
+    model_dir_for_shape(shape),
+    load_format="dummy",
+    max_model_len=max(4096, 2 * n),
+    enable_prefix_caching=False,
+)
 eng = llm.llm_engine
-backend = eng.core.runner.backend
 g = torch.Generator().manual_seed(0)
 
 
@@ -38,16 +42,13 @@ def first_token_s(length: int = n) -> float:
     return time.perf_counter() - t
 
 
-for label, min_tokens in (("sdpa", backend.sdpa_min_tokens), ("paged", 10**9)):
-    backend.sdpa_min_tokens = min_tokens
-    for _ in range(3):
-        first_token_s()
-    ts = [first_token_s() for _ in range(10)]
-    print(f"{label}: TTFT median {statistics.median(ts) * 1e3:.2f} ms, min {min(ts) * 1e3:.2f}", flush=True)
-    # A server rarely sees a prompt length twice: a kernel that compiles or plans per shape shows up here.
-    ts = [first_token_s(n - 1 - i) for i in range(min(n - 1, 10))]
-    print(f"{label}: TTFT at 10 new lengths, median {statistics.median(ts) * 1e3:.2f} ms", flush=True)
-backend.sdpa_min_tokens = 512
+for _ in range(3):
+    first_token_s()
+ts = [first_token_s() for _ in range(10)]
+print(f"TTFT median {statistics.median(ts) * 1e3:.2f} ms, min {min(ts) * 1e3:.2f}", flush=True)
+# A server rarely sees a prompt length twice: a kernel that compiles or plans per shape shows up here.
+ts = [first_token_s(n - 1 - i) for i in range(min(n - 1, 10))]
+print(f"TTFT at 10 new lengths, median {statistics.median(ts) * 1e3:.2f} ms", flush=True)
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     first_token_s()
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))

@@ -13,10 +13,10 @@ which is built once on the host from the scheduler's lists and shared by every l
   the split count is fixed (`fixed_num_splits`).
 - extend (rows with several query tokens: prefill, chunked prefill, prefill after a prefix hit): a
   flash-attention kernel over (query tile of BLOCK_M tokens, head): the causal mask is offset by the row's
-  cached context, and a sliding window moves the first key tile forward. When every multi-token row of a
-  step is a whole prompt of at least `sdpa_min_tokens` (nothing cached, no window, a 16-bit cache), those
-  rows go to torch's SDPA instead (`sdpa_prefill`: their keys and values are at hand; not yet measured
-  against this kernel on the H200 in its final form).
+  cached context, and a sliding window moves the first key tile forward. (torch's SDPA on whole prompts
+  was tried on the H200: flash attention ran no faster than this kernel in a 2048-token TTFT, 47.1 against
+  46.4 ms, and cuDNN, faster per call, plans every new prompt length for 37-58 ms:
+  `benchmarks/sdpa_new_lengths.py`.)
 
 A mixed step runs both attention kernels over disjoint sets of rows, writing disjoint output tokens.
 Softmax is computed in fp32 with exp2; P is cast to the KV dtype for the P@V product, as flash attention
@@ -43,7 +43,6 @@ import triton.language as tl
 
 from qwick.device_upload import to_device
 from qwick.layers.attention.backend import AttentionBackend, AttentionMetadata, AttentionRow, is_fp8_kv
-from qwick.layers.attention.sdpa_prefill import causal_prefill_sdpa, whole_prompt_rows
 
 LOG2E = 1.4426950408889634
 # Decode split-KV defaults: splits per row are chosen so that (rows x kv heads x splits) is about
@@ -422,7 +421,6 @@ class _TritonPlan:
     extend_rows: list[tuple[int, int]]  # (row, query tokens) of rows with several queries
     tiles: dict = field(default_factory=dict)  # BLOCK_M -> [num_tiles, 2] int32: (row, first query)
     buffers: dict = field(default_factory=dict)  # (heads, head_dim, splits) -> (mid_o, mid_lse)
-    whole_prompts: dict = field(default_factory=dict)  # min tokens -> `whole_prompt_rows`, once per step
 
 
 def _pow2(x: int, lo: int = 1) -> int:
@@ -435,8 +433,6 @@ class TritonAttentionBackend(AttentionBackend):
     Tunables (instance attributes, so a benchmark can sweep them): `decode_config` / `extend_config`
     override the kernels' meta-parameters (None: the measured defaults in `_decode_cfg`/`_extend_cfg`);
     `split_fill`, `max_num_splits`, `min_tokens_per_split` shape the split-KV heuristic;
-    `sdpa_min_tokens`: steps whose multi-token rows are all whole prompts at least this long run them
-    through torch's SDPA (`sdpa_prefill`) instead of the extend kernel;
     `fixed_num_splits` pins the split count (a CUDA-graph runner sets it so the decode grid is the same
     on every replay).
     """
@@ -444,11 +440,7 @@ class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
     def __init__(
-        self,
-        block_size: int,
-        device: torch.device | str,
-        fixed_num_splits: int | None = None,
-        sdpa_min_tokens: int = 512,
+        self, block_size: int, device: torch.device | str, fixed_num_splits: int | None = None
     ) -> None:
         super().__init__(block_size, torch.device(device))
         if self.device.type == "cuda":
@@ -457,7 +449,6 @@ class TritonAttentionBackend(AttentionBackend):
         else:  # the Triton interpreter (tests on CPU)
             self.num_sms = 132
         self.fixed_num_splits = fixed_num_splits
-        self.sdpa_min_tokens = sdpa_min_tokens  # whole prompts at least this long go to torch's SDPA
         self.min_tokens_per_split = MIN_TOKENS_PER_SPLIT
         self.split_fill = SPLIT_FILL
         self.max_num_splits = MAX_NUM_SPLITS
@@ -600,23 +591,8 @@ class TritonAttentionBackend(AttentionBackend):
         if plan.num_decode:
             self._decode(q, kv_cache, out, metadata, plan, qk_scale_log2, float(v_scale), sliding_window)
         if plan.extend_rows:
-            prompts = self._whole_prompts(q, metadata, plan, fp8, sliding_window) if q.is_cuda else None
-            if prompts is not None:
-                causal_prefill_sdpa(q, k, v, out, prompts, scale)
-            else:
-                self._extend(q, kv_cache, out, metadata, plan, qk_scale_log2, float(v_scale), sliding_window)
+            self._extend(q, kv_cache, out, metadata, plan, qk_scale_log2, float(v_scale), sliding_window)
         return out
-
-    def _whole_prompts(self, q, md, plan, fp8, sliding_window) -> list[tuple[int, int]] | None:
-        """The rows for `causal_prefill_sdpa`, when every multi-token row is a whole prompt of at least
-        `sdpa_min_tokens` (a 16-bit cache, no window): torch's flash attention runs those faster than the
-        paged extend kernel (which ran at 0.55-0.6x of it on 2048-token prompts). Otherwise None."""
-        if fp8 or sliding_window or q.dtype not in (torch.bfloat16, torch.float16):
-            return None
-        key = self.sdpa_min_tokens
-        if key not in plan.whole_prompts:
-            plan.whole_prompts[key] = whole_prompt_rows(md, plan.extend_rows, key)
-        return plan.whole_prompts[key]
 
     def _decode(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window) -> None:
         num_heads, head_dim = q.shape[1], q.shape[2]
