@@ -8,6 +8,10 @@ The kernels write transformers' bf16/fp16 arithmetic step by step (statistics in
 rounded to the model dtype before the weight multiply; rotary products rounded before the sum; silu rounded
 before the multiply). Triton's compiler may fold such a round trip away (it does for the rotary products),
 so the fused layers agree with the PyTorch path to one rounding step of the output (tests/kernels).
+
+RMSNorm and SiLU-and-mul can also quantize their output per token for a W8A8 projection that reads it
+(`quant`, a `RowQuant`): the codes and scales are bit-identical to `qwick.kernels.w8a8.quantize_rows` on
+the output, written in the same launch.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from qwick.kernels.w8a8 import codes_of, inv_qmax
+from qwick.layers.linear import QuantizedRows, RowQuant
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -23,12 +30,20 @@ def _rms_norm_kernel(
     res_ptr,
     w_ptr,
     out_ptr,
+    q_ptr,
+    s_ptr,
     stride_x,
     stride_res,
     stride_out,
+    stride_q,
     N,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    QUANT: tl.constexpr,
+    QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -43,37 +58,71 @@ def _rms_norm_kernel(
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+    y = (w * normed).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    if QUANT:  # the row's codes and scale, as `quantize_rows` would make them from `out`
+        yf = y.to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(yf), axis=0), MIN_AMAX) * INV_QMAX
+        tl.store(s_ptr + row, scale)
+        codes = codes_of(yf, scale, QMAX, IS_INT)
+        tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def _row_codes(x: torch.Tensor, quant: RowQuant | None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Buffers for the codes [rows, N] and scales [rows, 1] of `quant` (dummies without it), and the
+    kernels' quantization meta-parameters."""
+    rows, n = x.shape
+    if quant is None:
+        return x, x, {"QUANT": False, "QMAX": 0.0, "INV_QMAX": 0.0, "MIN_AMAX": 0.0, "IS_INT": False}
+    codes = torch.empty((rows, n), dtype=quant.dtype, device=x.device)
+    scales = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    meta = {
+        "QUANT": True,
+        "QMAX": quant.qmax,
+        "INV_QMAX": inv_qmax(quant.qmax),
+        "MIN_AMAX": quant.min_amax,
+        "IS_INT": not quant.dtype.is_floating_point,
+    }
+    return codes, scales, meta
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-) -> torch.Tensor:
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    quant: RowQuant | None = None,
+) -> torch.Tensor | QuantizedRows:
     """`norm(x)`; with `residual`: `norm(x + residual)`, and `residual` is overwritten with `x + residual`.
+    With `quant`, also the output's per-row codes and scales (`QuantizedRows`), in the same pass.
 
     x: [rows, N] with unit stride along N (row stride free); residual: [rows, N], updated in place.
     """
     rows, n = x.shape
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    if rows == 0:
-        return out
-    block = triton.next_power_of_2(n)
-    res = residual if residual is not None else x
-    _rms_norm_kernel[(rows,)](
-        x,
-        res,
-        weight,
-        out,
-        x.stride(0),
-        res.stride(0),
-        out.stride(0),
-        n,
-        eps,
-        HAS_RESIDUAL=residual is not None,
-        BLOCK=block,
-        num_warps=min(max(block // 256, 1), 8),
-    )
-    return out
+    codes, scales, meta = _row_codes(out, quant)
+    if rows > 0:
+        block = triton.next_power_of_2(n)
+        res = residual if residual is not None else x
+        _rms_norm_kernel[(rows,)](
+            x,
+            res,
+            weight,
+            out,
+            codes,
+            scales,
+            x.stride(0),
+            res.stride(0),
+            out.stride(0),
+            codes.stride(0),
+            n,
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
+            num_warps=min(max(block // 256, 1), 8),
+            **meta,
+        )
+    return out if quant is None else QuantizedRows(out, codes, scales)
 
 
 @triton.jit
@@ -164,11 +213,61 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, N, BLOCK: tl.cons
     tl.store(out_ptr + row * stride_out + cols, (act * up).to(gate.dtype), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """silu(x[:, :N]) * x[:, N:] for x [rows, 2N]."""
+@triton.jit
+def _silu_and_mul_quant_kernel(
+    x_ptr,
+    out_ptr,
+    q_ptr,
+    s_ptr,
+    stride_x,
+    stride_out,
+    stride_q,
+    N,
+    QUANT: tl.constexpr,
+    QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program per row: silu(gate) * up as `_silu_and_mul_kernel` computes it, then the row's codes
+    and scale from the rounded output (read back from where this program just wrote it)."""
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0).to(tl.float32)
+        g = gate.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+        y = (act * up).to(gate.dtype)
+        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+        amax = tl.maximum(amax, tl.abs(y.to(tl.float32)))
+    scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX
+    tl.store(s_ptr + row, scale)
+    tl.debug_barrier()  # the row's outputs, written by all of this program's threads, are visible to all
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        y = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=0.0).to(tl.float32)
+        codes = codes_of(y, scale, QMAX, IS_INT)
+        tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor, quant: RowQuant | None = None) -> torch.Tensor | QuantizedRows:
+    """silu(x[:, :N]) * x[:, N:] for x [rows, 2N]. With `quant`, also the output's per-row codes and scales
+    (`QuantizedRows`): one launch where a separate quantization would take another and a second read."""
     rows, two_n = x.shape
     n = two_n // 2
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if quant is not None:
+        codes, scales, meta = _row_codes(out, quant)
+        if rows > 0:
+            _silu_and_mul_quant_kernel[(rows,)](
+                x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), n, BLOCK=1024, **meta
+            )
+        return QuantizedRows(out, codes, scales)
     if rows == 0:
         return out
     block = min(triton.next_power_of_2(n), 2048)

@@ -120,6 +120,18 @@ def block_scaled_mm(
 
 
 @triton.jit
+def codes_of(x, scale, QMAX: tl.constexpr, IS_INT: tl.constexpr):
+    """fp32 values -> their codes at `scale` (still fp32): IEEE division, round half to even for int8 (as
+    torch.round), saturated at +-QMAX. Shared by every kernel that quantizes activations."""
+    q = tl.math.div_rn(x, scale)
+    if IS_INT:
+        r = tl.floor(q + 0.5)
+        tie_to_odd = ((r - q) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) != 0.0)
+        q = tl.where(tie_to_odd, r - 1.0, r)
+    return tl.minimum(tl.maximum(q, -QMAX), QMAX)
+
+
+@triton.jit
 def _quantize_rows_kernel(
     x_ptr,
     q_ptr,
@@ -152,13 +164,7 @@ def _quantize_rows_kernel(
         offs = k + tl.arange(0, BLOCK)
         ok = offs < end
         x = tl.load(x_row + offs, mask=ok, other=0.0).to(tl.float32)
-        q = tl.math.div_rn(x, scale)
-        if IS_INT:  # round half to even, as torch.round
-            r = tl.floor(q + 0.5)
-            tie_to_odd = ((r - q) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) != 0.0)
-            q = tl.where(tie_to_odd, r - 1.0, r)
-        q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
-        tl.store(q_row + offs, q.to(q_ptr.dtype.element_ty), mask=ok)
+        tl.store(q_row + offs, codes_of(x, scale, QMAX, IS_INT).to(q_ptr.dtype.element_ty), mask=ok)
 
 
 def inv_qmax(qmax: float) -> float:

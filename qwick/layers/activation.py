@@ -6,13 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qwick.layers.linear import QuantizedRows, RowQuant
+
 
 class SiluAndMul(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, quant: RowQuant | None = None) -> torch.Tensor | QuantizedRows:
+        """With `quant` (the down projection's `input_quant`), CUDA also writes the output's codes."""
         if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
             from qwick.kernels.elementwise import silu_and_mul
 
-            return silu_and_mul(x)
+            return silu_and_mul(x, quant)
         return self.forward_native(x)
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,32 @@ quantized ones in qwick/quantization; model files never know which.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+@dataclass(frozen=True)
+class RowQuant:
+    """The per-row (per-token) quantization a linear method applies to its input: codes of `dtype` with
+    scale = max(absmax of the row, min_amax) * fp32(1 / qmax). Asked for with `Linear.input_quant`, so the
+    kernel that produces the input (RMSNorm, SiLU-and-mul) can write the codes in the same pass."""
+
+    dtype: torch.dtype
+    qmax: float
+    min_amax: float
+
+
+@dataclass
+class QuantizedRows:
+    """An input x [M, K] with its codes [M, K] and fp32 scales [M, 1] under the consuming layer's
+    `RowQuant`: bit for bit what the layer would compute from x itself."""
+
+    x: torch.Tensor
+    codes: torch.Tensor
+    scales: torch.Tensor
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -52,6 +75,14 @@ class LinearMethod:
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, layer.weight, layer.bias)
+
+    def input_quant(self, layer: Linear, x: torch.Tensor) -> RowQuant | None:
+        """The per-row quantization `apply` would give `x` (only its rows, dtype and device matter), if
+        any; an input that comes with it goes to `apply_quantized`."""
+        return None
+
+    def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
+        return self.apply(layer, x.x)
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """`x @ weight.T + bias` on a plain (not repacked) weight, e.g. a tied embedding as the LM head."""
@@ -130,8 +161,15 @@ class Linear(nn.Module):
         self.method.create_weights(self)
         self.bias = nn.Parameter(torch.zeros(self.output_size), requires_grad=False) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+        if isinstance(x, QuantizedRows):
+            return self.method.apply_quantized(self, x)
         return self.method.apply(self, x)
+
+    def input_quant(self, x: torch.Tensor) -> RowQuant | None:
+        """How this layer would quantize the rows of `x` (a tensor with its input's rows, dtype and device),
+        for the kernel that produces the input to do it; None when it would not."""
+        return self.method.input_quant(self, x)
 
     def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int = 0) -> None:
         """Copy a checkpoint tensor into its shard's rows of a parameter: weight, bias or a scale.

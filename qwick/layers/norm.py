@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from qwick.layers.linear import QuantizedRows, RowQuant
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -20,18 +22,19 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, quant: RowQuant | None = None
+    ) -> torch.Tensor | QuantizedRows | tuple[torch.Tensor | QuantizedRows, torch.Tensor]:
         """`norm(x)`, or with a residual: `(norm(x + residual), x + residual)`.
 
-        On CUDA (2-D inputs) the fused kernel writes `x + residual` into `residual` in place.
+        On CUDA (2-D inputs) the fused kernel writes `x + residual` into `residual` in place, and with
+        `quant` (the next layer's `input_quant`) it also writes the output's codes: `QuantizedRows`.
         """
         if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
             from qwick.kernels.elementwise import rms_norm
 
             if residual is None:
-                return rms_norm(x, self.weight, self.eps)
-            return rms_norm(x, self.weight, self.eps, residual=residual), residual
+                return rms_norm(x, self.weight, self.eps, quant=quant)
+            return rms_norm(x, self.weight, self.eps, residual=residual, quant=quant), residual
         return self.forward_native(x, residual)
 
     def forward_native(

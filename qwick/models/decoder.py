@@ -19,7 +19,7 @@ from transformers import PretrainedConfig
 
 from qwick.layers.activation import SiluAndMul
 from qwick.layers.attention.layer import Attention
-from qwick.layers.linear import Linear, LinearMethod, VocabEmbedding
+from qwick.layers.linear import Linear, LinearMethod, QuantizedRows, VocabEmbedding
 from qwick.layers.norm import RMSNorm
 from qwick.layers.rotary import RopeStep, RotaryEmbedding
 from qwick.quantization.base import QuantizationConfig
@@ -87,7 +87,7 @@ class DecoderAttention(nn.Module):
             _sliding_window(config, layer_idx),
         )
 
-    def forward(self, rope: RopeStep, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, rope: RopeStep, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -133,8 +133,9 @@ class DecoderMLP(nn.Module):
         )
         self.act = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+        h = self.gate_up_proj(x)
+        return self.down_proj(self.act(h, quant=self.down_proj.input_quant(h)))
 
 
 class DecoderLayer(nn.Module):
@@ -154,14 +155,17 @@ class DecoderLayer(nn.Module):
     def forward(
         self, rope: RopeStep, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # The norms write the codes of the projections that quantize their input per token (W8A8 on GPUs).
+        quant = self.self_attn.qkv_proj.input_quant(x)
         if residual is None:
             residual = x
-            x = self.input_layernorm(x)
+            h = self.input_layernorm(x, quant=quant)
         else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(rope, x)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+            h, residual = self.input_layernorm(x, residual, quant=quant)
+        x = self.self_attn(rope, h)
+        quant = self.mlp.gate_up_proj.input_quant(x)
+        h, residual = self.post_attention_layernorm(x, residual, quant=quant)
+        return self.mlp(h), residual
 
 
 class DecoderModel(nn.Module):

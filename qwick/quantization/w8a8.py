@@ -15,7 +15,9 @@ What each path computes:
   (exact in bf16/fp16/fp32) in the activation dtype and the scales are applied after;
 - CUDA: `torch._scaled_mm` with row-wise scales (fp8), `torch._int_mm` then the scales (int8), block fp8
   through a Triton block-scaled GEMM; activations quantized by one fused Triton kernel, bit-identical to
-  the torch ops here (`qwick.kernels.w8a8`);
+  the torch ops here (`qwick.kernels.w8a8`). Where the input comes from an RMSNorm or SiLU-and-mul, that
+  kernel writes the per-token codes too (`input_quant` asks for them, `apply_quantized` takes them), which
+  saves the quantization launch and a read of the activations for three of a layer's four projections;
 - CUDA, decode-sized bf16/fp16 inputs (M <= 16), per-channel scales: `x @ dequant(W).T + b` instead
   (W8A16), by the skinny split-K GEMM of `qwick.kernels.gemv` streaming the 8-bit codes. A decode step is
   bound by reading the weights, so quantizing the activations there would only add a launch per layer.
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwick.layers.linear import Linear, LinearMethod, linear
+from qwick.layers.linear import Linear, LinearMethod, QuantizedRows, RowQuant, linear
 
 FP8_DTYPE = torch.float8_e4m3fn
 _QMAX = {FP8_DTYPE: 448.0, torch.int8: 127.0}
@@ -243,12 +245,39 @@ class W8A8LinearMethod(LinearMethod):
 
         return quantize_rows(x.contiguous(), self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
 
-    def _apply_cuda(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    def _skinny(self, x: torch.Tensor) -> bool:
+        """Decode-sized bf16/fp16 rows with per-channel scales: W8A16 through the skinny GEMM."""
+        skinny = x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16)
+        return self.block is None and skinny and self.skinny_gemm and self.workspace is not None
+
+    def _per_token_cuda(self, layer: Linear, x: torch.Tensor) -> bool:
+        """Whether `_apply_cuda` quantizes `x` per token (the cuBLAS `_scaled_mm` / `_int_mm` paths)."""
+        n, k = layer.weight.shape
+        if x.device.type != "cuda" or self.block is not None or not self.quantize_activations:
+            return False
+        if x.shape[0] == 0 or self._skinny(x):
+            return False
+        align = 16 if self.qdtype == FP8_DTYPE else 8
+        return k % align == 0 and n % align == 0
+
+    def input_quant(self, layer: Linear, x: torch.Tensor) -> RowQuant | None:
+        if not self._per_token_cuda(layer, x):
+            return None
+        return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX)
+
+    def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
+        if x.x.dim() != 2 or not self._per_token_cuda(layer, x.x):
+            return self.apply(layer, x.x)
+        return self._apply_cuda(layer, x.x, (x.codes, x.scales))
+
+    def _apply_cuda(
+        self, layer: Linear, x: torch.Tensor, codes: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """`codes`: x's per-token codes and scales when the kernel that made x wrote them already."""
         n, k = layer.weight.shape
         if x.shape[0] == 0:
             return x.new_empty(0, n)
-        skinny = x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16)
-        if self.block is None and skinny and self.skinny_gemm and self.workspace is not None:
+        if self._skinny(x):
             # Decode: stream the 8-bit codes against the unquantized activations (W8A16).
             from qwick.kernels.gemv import gemv
 
@@ -262,7 +291,7 @@ class W8A8LinearMethod(LinearMethod):
             xq, xs = self._quantize_x(x, self.block[1])
             y = block_scaled_mm(xq, xs, layer.weight, self.weight_scale(layer), self.block, x.dtype)
         elif self.qdtype == FP8_DTYPE and k % 16 == 0 and n % 16 == 0:
-            xq, xs = self._quantize_x(x)
+            xq, xs = codes if codes is not None else self._quantize_x(x)
             # Row-wise scaling: scale_a [M, 1], scale_b [1, N] in fp32, W column-major, bf16 out only.
             if x.dtype == torch.float32:
                 # Row-wise scaling writes bf16 only, and that rounding flips fp8 activation codes in later
@@ -287,7 +316,7 @@ class W8A8LinearMethod(LinearMethod):
                     use_fast_accum=False,
                 ).to(x.dtype)
         elif self.qdtype == torch.int8 and k % 8 == 0 and n % 8 == 0:
-            xq, xs = self._quantize_x(x)
+            xq, xs = codes if codes is not None else self._quantize_x(x)
             m = xq.shape[0]
             if m <= 16:  # cuBLAS int8 GEMMs need more than 16 rows: pad with zero rows
                 xq = F.pad(xq, (0, 0, 0, 32 - m))

@@ -94,3 +94,41 @@ def test_quantized_model_on_gpu(case):
         agree += sum(a == b for a, b in zip(tokens, expected))
         total += MAX_TOKENS
     assert agree >= least_agreement * total, f"{name}: greedy tokens agree at {agree} of {total} steps"
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+def test_fused_activation_codes_change_nothing(mode, tmp_path, monkeypatch):
+    """bf16 model, 40-token prompts (W8A8 prefill): the norms and SiLU-and-mul write the projections'
+    activation codes, and the logits are bit-identical to quantizing in a launch of its own."""
+    from qwick.quantization.w8a8 import W8A8LinearMethod
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    make_tiny_model("qwen2", str(tmp_path))
+    prompts = [list(range(3, 43)), list(range(50, 90))]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    fused_calls = []
+    real = W8A8LinearMethod.apply_quantized
+
+    def counted(self, layer, x):
+        fused_calls.append(1)
+        return real(self, layer, x)
+
+    monkeypatch.setattr(W8A8LinearMethod, "apply_quantized", counted)
+
+    def run():
+        llm = LLM(
+            str(tmp_path), dtype="bfloat16", quantization=mode, num_gpu_blocks_override=64, max_model_len=128
+        )
+        recorder = LogitsRecorder(llm)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [torch.stack(recorder.by_request[o.request_id]) for o in outs]
+
+    fused = run()
+    assert fused_calls  # the prefill's projections took the codes the kernels wrote
+    monkeypatch.setattr(W8A8LinearMethod, "input_quant", lambda self, layer, x: None)
+    fused_calls.clear()
+    separate = run()
+    assert not fused_calls
+    for a, b in zip(fused, separate):
+        assert torch.equal(a, b)

@@ -173,3 +173,54 @@ def test_cuda_path_logic_on_cpu(qdtype, m):
     ref = method.apply_reference(layer, x.float())
     assert y.dtype == torch.bfloat16 and y.shape == (m, 288)
     assert ((y.float() - ref).norm() / ref.norm()).item() < 5e-3
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_codes_from_the_producing_kernel_are_used_as_given(qdtype):
+    """Codes a norm or SiLU kernel wrote (`QuantizedRows`) replace the layer's own quantization: the same
+    output when they are the same codes, a different one when they are not (so they are really read)."""
+    method = W8A8LinearMethod(qdtype, checkpoint=False)
+    layer = _layer(method, 288, 320, bias=True, dtype=torch.bfloat16)
+    x = (torch.randn(40, 320, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16)
+    try:
+        own = method._apply_cuda(layer, x)
+    except (RuntimeError, NotImplementedError) as e:  # a CPU build without these kernels
+        pytest.skip(f"this torch has no CPU {qdtype} GEMM: {e}")
+    codes, scales = quantize_per_token(x, qdtype)
+    assert torch.equal(method._apply_cuda(layer, x, (codes, scales)), own)
+    assert not torch.equal(method._apply_cuda(layer, x, (codes, scales * 2)), own)
+
+
+def test_quantized_rows_on_the_cpu_take_the_plain_path():
+    """Off CUDA no method asks for codes, and a layer handed some computes from x as usual."""
+    from qwick.layers.linear import QuantizedRows
+
+    method = W8A8LinearMethod(torch.int8, checkpoint=False)
+    layer = _layer(method, 288, 320, bias=False, dtype=torch.bfloat16)
+    x = torch.randn(40, 320, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    assert layer.input_quant(x) is None
+    garbage = QuantizedRows(x, torch.zeros(40, 320, dtype=torch.int8), torch.ones(40, 1))
+    assert torch.equal(layer(garbage), layer(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
+    """Per-token codes are asked for exactly where `_apply_cuda` would quantize per token itself: not at
+    decode sizes in bf16 (W8A16 skinny GEMM), not for block scales, not for weight-only methods."""
+    from qwick.layers.linear import RowQuant
+    from qwick.quantization.w8a8 import _MIN_AMAX, qmax
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from qwick.kernels.gemv import shared_workspace
+
+    method = W8A8LinearMethod(qdtype, checkpoint=False)
+    layer = _layer(method, 288, 320, bias=False, dtype=torch.bfloat16).cuda()
+    method.workspace = shared_workspace(torch.device("cuda"))  # what loading on the GPU sets up
+    rows = lambda m, dtype=torch.bfloat16: torch.zeros(m, 320, dtype=dtype, device="cuda")  # noqa: E731
+    assert layer.input_quant(rows(16)) is None
+    assert layer.input_quant(rows(17)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
+    assert layer.input_quant(rows(1, torch.float32)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
+    weight_only = W8A8LinearMethod(qdtype, checkpoint=False, quantize_activations=False)
+    assert _layer(weight_only, 288, 320, bias=False).cuda().input_quant(rows(40)) is None
