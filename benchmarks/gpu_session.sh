@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_session.sh tput      # workload 3 in bf16 and fp8, host overhead at batch 256
 #   bash benchmarks/gpu_session.sh models    # greedy tokens and logits against transformers at 7b shapes, per mode
 #   bash benchmarks/gpu_session.sh attn      # attention kernels: decode bf16 vs fp8 cache (+ sweep), prefill vs SDPA
+#   bash benchmarks/gpu_session.sh profile   # where time goes: 2048-token TTFT, batch-1 step, fp8 workload 3,
+#                                            # fp8 GEMM accumulation modes
 #
 # On the project's device machine, install the wheels the server side needs first (.whl, carried along):
 #   python -m pip install -q --no-deps .whl/*.whl
@@ -76,8 +78,17 @@ case "${1:-}" in
     $ATT --prefill --json "$OUT/attn_bf16.json" 2>&1 | tail -30
     $ATT --kv-cache-dtype fp8 --sweep --json "$OUT/attn_fp8.json" 2>&1 | tail -40
     ;;
+  profile)
+    python benchmarks/ttft_profile.py qwen2.5-7b 2048 >"$OUT/ttft_profile.log" 2>&1
+    grep TTFT "$OUT/ttft_profile.log"
+    python benchmarks/decode_step_profile.py >"$OUT/decode_step_profile.log" 2>&1
+    grep -E "median|replay|compute_logits|bs " "$OUT/decode_step_profile.log"
+    python benchmarks/throughput_profile.py qwen2.5-7b fp8 >"$OUT/tprof_fp8.log" 2>&1
+    tail -16 "$OUT/tprof_fp8.log"
+    python benchmarks/fp8_scaled_mm.py 2>&1 | tee "$OUT/fp8_scaled_mm.log"
+    ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile" >&2
     exit 2
     ;;
 esac
