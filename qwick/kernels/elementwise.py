@@ -73,11 +73,10 @@ def _row_codes(x: torch.Tensor, quant: RowQuant | None) -> tuple[torch.Tensor, t
     kernels' quantization meta-parameters."""
     rows, n = x.shape
     if quant is None:
-        return x, x, {"QUANT": False, "QMAX": 0.0, "INV_QMAX": 0.0, "MIN_AMAX": 0.0, "IS_INT": False}
+        return x, x, {"QMAX": 0.0, "INV_QMAX": 0.0, "MIN_AMAX": 0.0, "IS_INT": False}
     codes = torch.empty((rows, n), dtype=quant.dtype, device=x.device)
     scales = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     meta = {
-        "QUANT": True,
         "QMAX": quant.qmax,
         "INV_QMAX": inv_qmax(quant.qmax),
         "MIN_AMAX": quant.min_amax,
@@ -118,6 +117,7 @@ def rms_norm(
             n,
             eps,
             HAS_RESIDUAL=residual is not None,
+            QUANT=quant is not None,
             BLOCK=block,
             num_warps=min(max(block // 256, 1), 8),
             **meta,
@@ -202,15 +202,21 @@ def rotary_in_place(
 
 
 @triton.jit
+def _silu_mul(x_row, cols, mask, N):
+    """silu(gate) * up at `cols` of one row of [gate | up], rounded where PyTorch rounds, in x's dtype."""
+    gate = tl.load(x_row + cols, mask=mask, other=0.0)
+    up = tl.load(x_row + N + cols, mask=mask, other=0.0).to(tl.float32)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # F.silu rounds to the dtype
+    return (act * up).to(gate.dtype)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, N, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0).to(tl.float32)
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # F.silu rounds to the dtype
-    tl.store(out_ptr + row * stride_out + cols, (act * up).to(gate.dtype), mask=mask)
+    tl.store(out_ptr + row * stride_out + cols, _silu_mul(x_ptr + row * stride_x, cols, mask, N), mask=mask)
 
 
 @triton.jit
@@ -223,7 +229,6 @@ def _silu_and_mul_quant_kernel(
     stride_out,
     stride_q,
     N,
-    QUANT: tl.constexpr,
     QMAX: tl.constexpr,
     INV_QMAX: tl.constexpr,
     MIN_AMAX: tl.constexpr,
@@ -237,11 +242,7 @@ def _silu_and_mul_quant_kernel(
     for start in range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < N
-        gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-        up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0).to(tl.float32)
-        g = gate.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-        y = (act * up).to(gate.dtype)
+        y = _silu_mul(x_ptr + row * stride_x, cols, mask, N)
         tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
         amax = tl.maximum(amax, tl.abs(y.to(tl.float32)))
     scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX
