@@ -23,13 +23,14 @@ import random
 import pytest
 import torch
 
-from qwick.layers.attention.backend import AttentionRow
+from qwick.layers.attention.backend import FP8_KV_DTYPE, AttentionRow, quantize_kv
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
 from tests.triton_utils import INTERPRET, triton_device
 
 pytestmark = pytest.mark.gpu
 
 TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+FP8_MIN_NORMAL = 2.0**-6
 
 
 def _lowp(dtype: torch.dtype) -> torch.dtype:
@@ -62,6 +63,25 @@ def _make_rows(specs, block_size, rng, extra_blocks=3):
     return rows, len(ids) + 1
 
 
+def kv_values(shape, device, scale: float = 1.0) -> torch.Tensor:
+    """N(0, 1) * scale in fp32, for an fp8 cache. Under the interpreter, whose fp32 -> fp8 conversion does
+    not round correctly, snapped to normal e4m3 values first (with power-of-two scales, see `fp8_scales`),
+    so that quantizing them has nothing to round."""
+    x = torch.randn(shape, device=device)
+    if INTERPRET:
+        x = x.to(FP8_KV_DTYPE).float()
+        x = torch.where(x.abs() < FP8_MIN_NORMAL, torch.zeros_like(x), x)
+    return x * scale
+
+
+def fp8_scales(k_scale: float, v_scale: float) -> tuple[float, float]:
+    """Under the interpreter, the nearest powers of two (so `x / scale` of an exact input stays exact)."""
+    if not INTERPRET:
+        return k_scale, v_scale
+    p2 = lambda s: 2.0 ** round(torch.log2(torch.tensor(s)).item())  # noqa: E731
+    return p2(k_scale), p2(v_scale)
+
+
 def run_case(
     specs,
     *,
@@ -74,48 +94,60 @@ def run_case(
     seed=0,
     backend_kwargs=None,
     q_scale=2.0,
+    kv_fp8=False,
+    k_scale=1.0,
+    v_scale=1.0,
 ):
+    """One step through both backends: the cache writes must be byte-identical, and the Triton output
+    within `TOL` of the reference's in fp32. With `kv_fp8` the cache is float8 e4m3 with per-layer scales,
+    and the fp32 oracle reads the same fp8 pages (exact attention over the quantized keys and values)."""
     device = triton_device()
     dtype = _lowp(dtype)
+    if kv_fp8:
+        k_scale, v_scale = fp8_scales(k_scale, v_scale)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     rows, num_blocks = _make_rows(specs, block_size, rng)
     num_heads = num_kv_heads * group
     tokens = sum(q for _, q in specs)
-    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, device=device).to(dtype)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
     q = (q_scale * torch.randn(tokens, num_heads, head_dim, device=device)).to(dtype)
-    k = torch.randn(tokens, num_kv_heads, head_dim, device=device).to(dtype)
-    v = torch.randn(tokens, num_kv_heads, head_dim, device=device).to(dtype)
-    scale = head_dim**-0.5
+    if kv_fp8:
+        kv_cache = torch.stack(
+            [
+                quantize_kv(kv_values(shape, device, k_scale), k_scale),
+                quantize_kv(kv_values(shape, device, v_scale), v_scale),
+            ]
+        )
+        k = kv_values((tokens, num_kv_heads, head_dim), device, k_scale).to(dtype)
+        v = kv_values((tokens, num_kv_heads, head_dim), device, v_scale).to(dtype)
+    else:
+        kv_cache = torch.randn(2, *shape, device=device).to(dtype)
+        k = torch.randn(tokens, num_kv_heads, head_dim, device=device).to(dtype)
+        v = torch.randn(tokens, num_kv_heads, head_dim, device=device).to(dtype)
+    kw = dict(scale=head_dim**-0.5, sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale)
 
     tri = _backend(block_size, device, **(backend_kwargs or {}))
     cache_t = kv_cache.clone()
-    md_t = tri.build_metadata(rows)
-    out_t = tri.forward(q, k, v, cache_t, md_t, scale=scale, sliding_window=sliding_window)
+    out_t = tri.forward(q, k, v, cache_t, tri.build_metadata(rows), **kw)
 
     ref = TorchAttentionBackend(block_size, device)
     cache_r = kv_cache.clone()
-    md_r = ref.build_metadata(rows)
-    out_r = ref.forward(q, k, v, cache_r, md_r, scale=scale, sliding_window=sliding_window)
-    cache_32 = kv_cache.float()
-    out_32 = ref.forward(
-        q.float(),
-        k.float(),
-        v.float(),
-        cache_32,
-        ref.build_metadata(rows),
-        scale=scale,
-        sliding_window=sliding_window,
-    )
+    out_r = ref.forward(q, k, v, cache_r, ref.build_metadata(rows), **kw)
+    cache_32 = kv_cache.clone() if kv_fp8 else kv_cache.float()
+    out_32 = ref.forward(q.float(), k.float(), v.float(), cache_32, ref.build_metadata(rows), **kw)
 
-    assert out_t.shape == q.shape and out_t.dtype == q.dtype
-    assert torch.equal(cache_t, cache_r), "KV-cache write differs from the reference"
-    assert torch.isfinite(out_t).all()
+    assert out_t.shape == q.shape and out_t.dtype == q.dtype and cache_t.dtype == kv_cache.dtype
+    assert torch.equal(cache_t.view(torch.uint8), cache_r.view(torch.uint8)), "KV-cache write differs"
+    if kv_fp8:
+        assert torch.equal(cache_32.view(torch.uint8), cache_r.view(torch.uint8))
+    assert torch.isfinite(out_t).all() and torch.isfinite(out_r).all()
     err = (out_t.float() - out_32).abs().max().item()
     ref_err = (out_r.float() - out_32).abs().max().item()
     name = (
-        f"{str(dtype)[6:]} D={head_dim} G={group} kv={num_kv_heads} bs={block_size} "
-        f"win={sliding_window} rows={specs[:6]}{'...' if len(specs) > 6 else ''}"
+        f"{'fp8-kv ' if kv_fp8 else ''}{str(dtype)[6:]} D={head_dim} G={group} kv={num_kv_heads} "
+        f"bs={block_size} win={sliding_window} scales={k_scale},{v_scale} "
+        f"rows={specs[:6]}{'...' if len(specs) > 6 else ''}"
     )
     _log(name, err, ref_err)
     tol = TOL[dtype]

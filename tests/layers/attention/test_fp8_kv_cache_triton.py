@@ -1,6 +1,7 @@
 """The Triton attention backend with an fp8 KV cache against the PyTorch reference with the same cache.
 
-Every case runs one step through both backends over an fp8 (e4m3) cache with per-layer k/v scales:
+Every case runs one step through both backends (`run_case` of tests/layers/test_triton_attention.py with
+`kv_fp8`) over an fp8 (e4m3) cache with per-layer k/v scales:
 - the KV-cache writes must be byte-identical (both store `quantize_kv(x, scale)`: fp32 multiply by the
   reciprocal scale, clamp to +-448, round to nearest even);
 - the outputs are compared with the reference run in fp32 over the same fp8 cache (exact attention over
@@ -16,7 +17,6 @@ times power-of-two scales) and the conversion has nothing to round; on a GPU, in
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -24,118 +24,22 @@ import torch
 
 from qwick.layers.attention.backend import FP8_KV_DTYPE, AttentionRow, quantize_kv
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
+from tests.layers.test_triton_attention import _backend, _lowp, _make_rows
+from tests.layers.test_triton_attention import run_case as run_triton_case
+from tests.triton_utils import INTERPRET, triton_device
 
 pytestmark = pytest.mark.gpu
 
-TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-FP8_MIN_NORMAL = 2.0**-6
-
 
 def _device() -> torch.device:
-    if torch.cuda.is_available():
-        if torch.cuda.get_device_capability() < (8, 9):
-            pytest.skip("fp8 needs compute capability 8.9+")
-        return torch.device("cuda")
-    if INTERPRET:
-        return torch.device("cpu")
-    pytest.skip("needs a CUDA GPU (or TRITON_INTERPRET=1)")
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability 8.9+")
+    return triton_device()
 
 
-def _lowp(dtype: torch.dtype) -> torch.dtype:
-    return torch.float16 if INTERPRET and dtype == torch.bfloat16 else dtype
-
-
-def _scales(k_scale: float, v_scale: float) -> tuple[float, float]:
-    """Under the interpreter, the nearest powers of two (so `x / scale` of an exact input stays exact)."""
-    if not INTERPRET:
-        return k_scale, v_scale
-    p2 = lambda s: 2.0 ** round(torch.log2(torch.tensor(s)).item())
-    return p2(k_scale), p2(v_scale)
-
-
-def _randn(shape, device, scale: float = 1.0, exact: bool = INTERPRET) -> torch.Tensor:
-    """N(0, 1) * scale in fp32; with `exact`, snapped to normal e4m3 values (times scale) first."""
-    x = torch.randn(shape, device=device)
-    if exact:
-        x = x.to(FP8_KV_DTYPE).float()
-        x = torch.where(x.abs() < FP8_MIN_NORMAL, torch.zeros_like(x), x)
-    return x * scale
-
-
-def _make_rows(specs, block_size, rng, extra_blocks=3):
-    need = [(c + q + block_size - 1) // block_size for c, q in specs]
-    ids = list(range(1, sum(need) + extra_blocks + 1))  # block 0 is the null block
-    rng.shuffle(ids)
-    rows, at = [], 0
-    for (c, q), n in zip(specs, need):
-        rows.append(AttentionRow(c, q, ids[at : at + n]))
-        at += n
-    return rows, len(ids) + 1
-
-
-def _backend(block_size, device, **kwargs):
-    from qwick.layers.attention.triton_backend import TritonAttentionBackend
-
-    return TritonAttentionBackend(block_size, device, **kwargs)
-
-
-def run_case(
-    specs,
-    *,
-    num_kv_heads=2,
-    group=7,
-    head_dim=128,
-    dtype=torch.bfloat16,
-    block_size=16,
-    sliding_window=None,
-    k_scale=1.0,
-    v_scale=1.0,
-    seed=0,
-    backend_kwargs=None,
-):
-    device = _device()
-    dtype = _lowp(dtype)
-    k_scale, v_scale = _scales(k_scale, v_scale)
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    rows, num_blocks = _make_rows(specs, block_size, rng)
-    num_heads = num_kv_heads * group
-    tokens = sum(q for _, q in specs)
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    kv_cache = torch.stack(
-        [
-            quantize_kv(_randn(shape, device, k_scale), k_scale),
-            quantize_kv(_randn(shape, device, v_scale), v_scale),
-        ]
-    )
-    q = _randn((tokens, num_heads, head_dim), device, 2.0, exact=False).to(dtype)
-    k = _randn((tokens, num_kv_heads, head_dim), device, k_scale).to(dtype)
-    v = _randn((tokens, num_kv_heads, head_dim), device, v_scale).to(dtype)
-    kw = dict(scale=head_dim**-0.5, sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale)
-
-    tri = _backend(block_size, device, **(backend_kwargs or {}))
-    cache_t = kv_cache.clone()
-    out_t = tri.forward(q, k, v, cache_t, tri.build_metadata(rows), **kw)
-
-    ref = TorchAttentionBackend(block_size, device)
-    cache_r = kv_cache.clone()
-    out_r = ref.forward(q, k, v, cache_r, ref.build_metadata(rows), **kw)
-    cache_32 = kv_cache.clone()  # fp32 queries over the same fp8 cache: the exact answer for it
-    out_32 = ref.forward(q.float(), k.float(), v.float(), cache_32, ref.build_metadata(rows), **kw)
-
-    assert cache_t.dtype == FP8_KV_DTYPE and out_t.shape == q.shape and out_t.dtype == q.dtype
-    assert torch.equal(cache_t.view(torch.uint8), cache_r.view(torch.uint8)), "fp8 KV write differs"
-    assert torch.equal(cache_32.view(torch.uint8), cache_r.view(torch.uint8))
-    assert torch.isfinite(out_t).all()
-    name = (
-        f"fp8-kv {str(dtype)[6:]} D={head_dim} G={group} kv={num_kv_heads} bs={block_size} "
-        f"win={sliding_window} k_scale={k_scale} v_scale={v_scale} rows={specs[:6]}"
-    )
-    tol = TOL[dtype]
-    torch.testing.assert_close(out_t.float(), out_32, atol=tol, rtol=tol, msg=lambda m: f"{name}\n{m}")
-    assert torch.isfinite(out_r).all()
-    return tri
+def run_case(specs, **kwargs):
+    _device()
+    return run_triton_case(specs, kv_fp8=True, **kwargs)
 
 
 # (head_dim, group, num_kv_heads, dtype): both head dims, GQA 7:1 (qwen2.5-7b), 4:1 (qwen3-8b), 1:1.
