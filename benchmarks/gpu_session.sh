@@ -10,7 +10,7 @@
 #   bash benchmarks/gpu_session.sh models    # greedy tokens and logits against transformers at 7b shapes, per mode
 #   bash benchmarks/gpu_session.sh attn      # attention kernels: decode bf16 vs fp8 cache (+ sweep), prefill vs SDPA
 #   bash benchmarks/gpu_session.sh profile   # where time goes: 2048-token TTFT, batch-1 step, fp8 workload 3,
-#                                            # fp8 GEMM accumulation modes
+#                                            # fp8 GEMM accumulation modes, fp8 GEMMs at 17 <= M <= 256
 #
 # On the project's device machine, install the wheels the server side needs first (.whl, carried along):
 #   python -m pip install -q --no-deps .whl/*.whl
@@ -86,6 +86,7 @@ case "${1:-}" in
     python benchmarks/throughput_profile.py qwen2.5-7b fp8 >"$OUT/tprof_fp8.log" 2>&1
     tail -16 "$OUT/tprof_fp8.log"
     python benchmarks/fp8_scaled_mm.py 2>&1 | tee "$OUT/fp8_scaled_mm.log"
+    python benchmarks/fp8_mid_m_sweep.py 7b 2>&1 | grep -v skip | tee "$OUT/fp8_mid_m_sweep.log"
     ;;
   *)
     echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile" >&2

@@ -73,7 +73,7 @@ def _gemv_kernel(
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     if HAS_SCALE:  # per-output-channel scales of 8-bit weights
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    _gemv_epilogue(
+    split_k_epilogue(
         acc,
         b_ptr,
         y_ptr,
@@ -95,7 +95,7 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _gemv_epilogue(
+def split_k_epilogue(
     acc,
     b_ptr,
     y_ptr,

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.gemv import GemvWorkspace, _gemv_epilogue, split_k_for
+from qwick.kernels.gemv import GemvWorkspace, split_k_epilogue, split_k_for
 from qwick.kernels.w4a16 import ZERO_CONST, ZERO_TENSOR
 from qwick.quantization.formats.layout import QuantizedWeight
 
@@ -53,7 +53,7 @@ def _row_epilogue(
 ):
     """Sum the [BLOCK_N, BLOCK_W] accumulator over its words and hand the row to the GEMV epilogue."""
     rm = tl.arange(0, 1)
-    _gemv_epilogue(
+    split_k_epilogue(
         tl.sum(acc2d, axis=1)[None, :],
         b_ptr,
         y_ptr,

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.gemv import MAX_M, GemvWorkspace, _gemv_epilogue, split_k_for
+from qwick.kernels.gemv import MAX_M, GemvWorkspace, split_k_epilogue, split_k_for
 from qwick.quantization.formats.layout import QuantizedWeight
 
 ZERO_CONST, ZERO_TENSOR, ZERO_MINS = 0, 1, 2
@@ -108,7 +108,7 @@ def _qgemv_kernel(
                 w = (q - ZERO_POINT) * scale
             x = tl.load(x_rows + (kk + i)[None, :], mask=xm_mask, other=0.0)
             acc = tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)), acc)
-    _gemv_epilogue(
+    split_k_epilogue(
         acc,
         b_ptr,
         y_ptr,

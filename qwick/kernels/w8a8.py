@@ -20,9 +20,13 @@ Decode-sized matmuls (M <= 16) with per-channel scales do not come here: `qwick.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+
+from qwick.kernels.gemv import GemvWorkspace, split_k_epilogue, split_k_for
 
 
 @triton.jit
@@ -199,3 +203,160 @@ def quantize_rows(
         BLOCK=min(1024, triton.next_power_of_2(k if group is None else group)),
     )
     return q, s
+
+
+@triton.jit(do_not_specialize=["M"])  # one variant for every row count: none compiles mid-serving
+def _rowwise_fp8_mm_kernel(
+    x_ptr,
+    w_ptr,
+    xs_ptr,
+    wscale_ptr,
+    b_ptr,
+    y_ptr,
+    part_ptr,
+    counter_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """One [BLOCK_M, BLOCK_N] tile of (xq @ wq^T) * xs * ws (+ b), K split over SPLIT_K programs whose
+    partials `split_k_epilogue` reduces (each row tile has its own slice of the workspace and counters)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rm = tl.arange(0, BLOCK_M)  # rows within the tile
+    rows = pid_m * BLOCK_M + rm
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rows < M
+    n_ok = rn < N
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        kk = k + rk
+        if EVEN_K:
+            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
+            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
+        else:
+            k_ok = kk < k_end
+            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        # fp32 accumulation throughout (Triton's sm_90 default accumulates fp8 products imprecisely)
+        acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=0)
+    xs = tl.load(xs_ptr + rows, mask=m_ok, other=0.0)
+    wscale = tl.load(wscale_ptr + rn, mask=n_ok, other=0.0)
+    acc = acc * xs[:, None] * wscale[None, :]
+    tiles_n = tl.num_programs(0)
+    split_k_epilogue(
+        acc,
+        b_ptr,
+        y_ptr + pid_m * BLOCK_M * stride_ym,
+        part_ptr + pid_m * (SPLIT_K * BLOCK_M * N),
+        counter_ptr + pid_m * tiles_n,
+        rm,
+        rn,
+        m_ok,
+        n_ok,
+        pid_n,
+        pid_k,
+        N,
+        stride_ym,
+        HAS_BIAS,
+        SPLIT_K,
+        BLOCK_M,
+        BLOCK_N,
+    )
+
+
+@dataclass(frozen=True)
+class RowwiseConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+def rowwise_config(m: int, n: int, k: int, workspace: GemvWorkspace) -> RowwiseConfig:
+    """128-wide output tiles, 64 or 128 rows each; K split (`split_k_for`) until about four programs per
+    SM stream, as far as the shared split-K workspace holds the partials. A first guess, to be swept on
+    the H200 (`benchmarks/fp8_mid_m_sweep.py`)."""
+    block_m = 64 if m <= 64 else 128
+    block_n, block_k = 128, 128
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    split = split_k_for(tiles, triton.cdiv(k, block_k), workspace.num_sms)
+    while split > 1 and triton.cdiv(m, block_m) * split * block_m * n > workspace.partials.numel():
+        split //= 2
+    warps, stages = (4, 4) if block_m == 64 else (8, 3)
+    return RowwiseConfig(block_m, block_n, block_k, split, warps, stages)
+
+
+def rowwise_fp8_mm(
+    xq: torch.Tensor,
+    xs: torch.Tensor,
+    wq: torch.Tensor,
+    wscale: torch.Tensor,
+    bias: torch.Tensor | None,
+    workspace: GemvWorkspace,
+    out_dtype: torch.dtype,
+    config: RowwiseConfig | None = None,
+) -> torch.Tensor:
+    """(xq [M, K] @ wq [N, K]^T) * xs [M, 1] * wscale [N, 1] (+ bias), fp8 codes on both sides, fp32 sums.
+
+    For row counts between the skinny GEMV's 16 and a few hundred: cuBLAS's `_scaled_mm` tiles such a
+    product 128 x 128 without splitting K, which leaves most SMs idle on the narrow layers (a 3584-wide
+    output at M = 256 is 56 tiles for 132 SMs); here K is split so that every SM streams."""
+    m, k = xq.shape
+    n = wq.shape[0]
+    assert wq.shape[1] == k and xq.stride(1) == 1 and wq.stride(1) == 1
+    assert xs.numel() == m and wscale.numel() == n
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return y
+    cfg = config or rowwise_config(m, n, k, workspace)
+    tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
+    if cfg.split_k > 1 and (
+        tiles_m * cfg.split_k * cfg.block_m * n > workspace.partials.numel()
+        or tiles_m * tiles_n > workspace.counters.numel()
+    ):
+        raise ValueError(f"split-K workspace too small for {cfg} at M={m}, N={n}")
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    _rowwise_fp8_mm_kernel[(tiles_n, cfg.split_k, tiles_m)](
+        xq,
+        wq,
+        xs,
+        wscale,
+        bias if bias is not None else wscale,
+        y,
+        workspace.partials,
+        workspace.counters,
+        m,
+        n,
+        k,
+        xq.stride(0),
+        wq.stride(0),
+        y.stride(0),
+        HAS_BIAS=bias is not None,
+        SPLIT_K=cfg.split_k,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        EVEN_K=k % k_per_split == 0 and k_per_split % cfg.block_k == 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return y

@@ -18,6 +18,9 @@ What each path computes:
   the torch ops here (`qwick.kernels.w8a8`). Where the input comes from an RMSNorm or SiLU-and-mul, that
   kernel writes the per-token codes too (`input_quant` asks for them, `apply_quantized` takes them), which
   saves the quantization launch and a read of the activations for three of a layer's four projections;
+- CUDA, fp8 per channel at 16 < M <= 256 where cuBLAS's 128 x 128 output tiles are fewer than the SMs
+  (the narrow layers at mid-size batches and short prompts): a split-K Triton GEMM on the fp8 codes
+  (`qwick.kernels.w8a8.rowwise_fp8_mm`), which keeps every SM streaming;
 - CUDA, decode-sized bf16/fp16 inputs (M <= 16), per-channel scales: `x @ dequant(W).T + b` instead
   (W8A16), by the skinny split-K GEMM of `qwick.kernels.gemv` streaming the 8-bit codes. A decode step is
   bound by reading the weights, so quantizing the activations there would only add a launch per layer.
@@ -112,6 +115,9 @@ class W8A8LinearMethod(LinearMethod):
     # unquantized activations (qwick.kernels.gemv, W8A16) instead of quantizing the activations for cuBLAS;
     # False keeps `_scaled_mm` / `_int_mm` (W8A8) for every M.
     skinny_gemm = True
+    # fp8 per channel, 16 < M <= this, where cuBLAS's 128 x 128 tiles would leave SMs idle: our split-K
+    # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`); 0 keeps `_scaled_mm` for every M.
+    rowwise_max_m = 256
     workspace = None
 
     def __init__(
@@ -250,6 +256,16 @@ class W8A8LinearMethod(LinearMethod):
         skinny = x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16)
         return self.block is None and skinny and self.skinny_gemm and self.workspace is not None
 
+    def _rowwise(self, x: torch.Tensor, n: int) -> bool:
+        """fp8 per channel at 16 < M <= `rowwise_max_m` (bf16/fp16) where cuBLAS's 128 x 128 output tiles
+        number fewer than the SMs: the split-K Triton GEMM keeps them all streaming."""
+        m = x.shape[0]
+        if self.qdtype != FP8_DTYPE or self.block is not None or self.workspace is None:
+            return False
+        if not 16 < m <= self.rowwise_max_m or x.dtype not in (torch.bfloat16, torch.float16):
+            return False
+        return -(-m // 128) * -(-n // 128) < self.workspace.num_sms
+
     def _per_token_cuda(self, layer: Linear, x: torch.Tensor) -> bool:
         """Whether `_apply_cuda` quantizes `x` per token (the cuBLAS `_scaled_mm` / `_int_mm` paths)."""
         n, k = layer.weight.shape
@@ -290,6 +306,12 @@ class W8A8LinearMethod(LinearMethod):
 
             xq, xs = self._quantize_x(x, self.block[1])
             y = block_scaled_mm(xq, xs, layer.weight, self.weight_scale(layer), self.block, x.dtype)
+        elif self._rowwise(x, n):
+            from qwick.kernels.w8a8 import rowwise_fp8_mm
+
+            xq, xs = codes if codes is not None else self._quantize_x(x)
+            scale = self.weight_scale(layer)
+            return rowwise_fp8_mm(xq, xs, layer.weight, scale, layer.bias, self.workspace, x.dtype)
         elif self.qdtype == FP8_DTYPE and k % 16 == 0 and n % 16 == 0:
             xq, xs = codes if codes is not None else self._quantize_x(x)
             # Row-wise scaling: scale_a [M, 1], scale_b [1, N] in fp32, W column-major, bf16 out only.

@@ -2,7 +2,8 @@
 
 fp8 / int8 per channel: for M <= 16 the skinny Triton GEMM on the 8-bit codes with unquantized activations
 (W8A16, `qwick.kernels.gemv`), else `torch._scaled_mm` with row-wise scales / `torch._int_mm` then the
-scales (also checked at M <= 16, zero rows padded for `_int_mm`); fp8 128x128 blocks: the Triton
+scales (also checked at M <= 16, zero rows padded for `_int_mm`), and for fp8 at 16 < M <= 256 where
+cuBLAS would leave SMs idle, the split-K Triton GEMM `rowwise_fp8_mm`; fp8 128x128 blocks: the Triton
 block-scaled GEMM. Shapes: every linear layer of qwen2.5-7b and -14b, M from 1
 (decode) to 4096 (a prefill chunk), bf16 activations with a bias. The only difference allowed is
 accumulation order and the bf16 output's rounding.
@@ -203,3 +204,42 @@ def test_quantize_rows_is_bit_identical_to_torch(qdtype, group, m, k):
         q_ref, s_ref = quantize_per_token_group(x, qdtype, group)
     assert torch.equal(s, s_ref)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+ROWWISE_CASES = (
+    [(17, 96, 384), (70, 200, 1100), (130, 64, 256)]
+    if INTERPRET
+    else [(17, 3584, 18944), (64, 4608, 3584), (100, 37888, 3584), (256, 3584, 3584), (256, 5120, 13824)]
+)
+
+
+@pytest.mark.parametrize("m,n,k", ROWWISE_CASES)
+def test_rowwise_fp8_mm(m, n, k):
+    """The mid-M fp8 GEMM (per-token x per-channel scales, split-K) against float64 on the same codes: the
+    default launch shape and forced ones (no split; a 4-way split), with and without a bias, twice (the
+    split-K counters reset themselves); partial row, column and K tiles included."""
+    from qwick.kernels.w8a8 import RowwiseConfig, rowwise_config, rowwise_fp8_mm
+    from qwick.quantization.w8a8 import quantize_weight_per_channel
+
+    dev = torch.device("cpu") if INTERPRET else _cuda()
+    ws = gemv_workspace(dev)
+    gen = torch.Generator(device=dev).manual_seed(m * n + k)
+    wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev) * 0.02, FP8_DTYPE)
+    out_dtype = torch.float32 if INTERPRET else torch.bfloat16
+    tol = 1e-5 if INTERPRET else 5e-3
+    configs = [
+        rowwise_config(m, n, k, ws),
+        RowwiseConfig(64, 128, 128, 1, 4, 3),
+        RowwiseConfig(64, 64, 128, 4, 4, 3),
+    ]
+    for cfg in configs:
+        for bias in (None, torch.randn(n, generator=gen, device=dev).to(out_dtype)):
+            x = torch.randn(m, k, generator=gen, device=dev) * torch.linspace(0.1, 3, k, device=dev)
+            xq, xs = quantize_per_token(x, FP8_DTYPE)
+            y = rowwise_fp8_mm(xq, xs, wq, wscale, bias, ws, out_dtype, cfg)
+            ref = (xq.double() @ wq.double().T) * xs.double() * wscale.double().view(1, -1)
+            if bias is not None:
+                ref += bias.double()
+            assert y.dtype == out_dtype and y.shape == (m, n) and torch.isfinite(y).all()
+            assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
+    assert int(ws.counters.abs().sum()) == 0

@@ -1,0 +1,78 @@
+"""fp8 per-channel GEMMs at 17 <= M <= 256 (mid-size decode batches, short prompts): cuBLAS `_scaled_mm`
+against qwick's split-K Triton GEMM (`rowwise_fp8_mm`), its default launch shape and the best of a sweep.
+Both take the same fp8 codes; the per-token quantization of x is not timed. `do_bench` medians, L2 flushed.
+
+    python benchmarks/fp8_mid_m_sweep.py [7b|14b]
+"""
+
+import functools
+import itertools
+import sys
+
+import torch
+from triton.testing import do_bench
+
+from qwick.kernels.gemv import shared_workspace
+from qwick.kernels.w8a8 import RowwiseConfig, rowwise_config, rowwise_fp8_mm
+
+FP8 = torch.float8_e4m3fn
+SHAPES = {
+    "7b": {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)},
+    "14b": {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (27648, 5120), "down": (5120, 13824)},
+}
+CONFIGS = [
+    RowwiseConfig(bm, bn, bk, split, 4 if bm == 64 else 8, stages)
+    for (bm, bn, bk), split, stages in itertools.product(
+        ((64, 128, 128), (64, 128, 256), (64, 64, 256), (128, 128, 128), (128, 64, 128)), (1, 2, 4, 8), (3, 4)
+    )
+]
+bench = functools.partial(do_bench, warmup=10, rep=40)
+
+
+def codes(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(rows, cols, device="cuda")
+    scale = x.abs().amax(dim=1, keepdim=True) / 448.0
+    return (x / scale).to(FP8), scale
+
+
+def cublas(x, xs, w, wscale) -> torch.Tensor:
+    return torch._scaled_mm(x, w.t(), scale_a=xs, scale_b=wscale.view(1, -1), out_dtype=torch.bfloat16)
+
+
+def ours(x, xs, w, wscale, cfg=None) -> torch.Tensor:
+    return rowwise_fp8_mm(x, xs, w, wscale, None, ws, torch.bfloat16, cfg)
+
+
+def sweep(name: str, n: int, k: int, m: int, w: torch.Tensor, wscale: torch.Tensor) -> None:
+    x, xs = codes(m, k)
+    args = (x, xs, w, wscale)
+    ref = cublas(*args).float()
+    assert (ours(*args).float() - ref).norm() / ref.norm() < 1e-2, (name, m)
+    t_cublas = bench(functools.partial(cublas, *args))
+    t_ours = bench(functools.partial(ours, *args))
+    best, best_cfg = float("inf"), None
+    for cfg in CONFIGS:
+        if -(-m // cfg.block_m) * cfg.split_k * cfg.block_m * n > ws.partials.numel():
+            continue
+        try:
+            t = bench(functools.partial(ours, *args, cfg))
+        except Exception as e:  # e.g. out of shared memory for this shape
+            print(f"  skip {cfg}: {type(e).__name__}", flush=True)
+            continue
+        if t < best:
+            best, best_cfg = t, cfg
+    d = rowwise_config(m, n, k, ws)
+    print(
+        f"{name:8} {m:4d} {t_cublas * 1e3:10.1f} {t_ours * 1e3:8.1f} {best * 1e3:8.1f}  {best_cfg} "
+        f"(default {d.block_m}x{d.block_n}x{d.block_k} split {d.split_k})",
+        flush=True,
+    )
+
+
+ws = shared_workspace(torch.device("cuda"))
+model = sys.argv[1] if len(sys.argv) > 1 else "7b"
+print(f"{'layer':8} {'M':>4} {'cuBLAS us':>10} {'ours us':>8} {'best us':>8}  best config")
+for name, (n, k) in SHAPES[model].items():
+    w, wscale = codes(n, k)
+    for m in (17, 32, 64, 128, 256):
+        sweep(name, n, k, m, w, wscale)
