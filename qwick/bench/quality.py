@@ -81,7 +81,7 @@ def _forward_logits(llm, token_ids: list[int]) -> torch.Tensor:
     positions = torch.arange(n, device=runner.device)
     with torch.inference_mode(), set_forward_context(metadata):
         hidden = runner.model(ids, positions)
-        return torch.cat([runner.model.compute_logits(h) for h in hidden.split(256)]).cpu()
+        return torch.cat([runner.model.compute_logits(h).float() for h in hidden.split(256)]).cpu()
 
 
 def _nll(logits: torch.Tensor, token_ids: list[int]) -> torch.Tensor:

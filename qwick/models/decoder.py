@@ -245,9 +245,12 @@ class DecoderForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in the model's dtype (as the LM head's matmul writes them): the sampler converts them to
+        fp32 only where it needs to (penalties, bias, logprobs, truncation), so that greedy and plain
+        temperature sampling read half the bytes of a vocabulary-wide fp32 copy."""
         if self.lm_head is None:  # tied, and the method keeps weights as they are: reuse the embedding
-            return self.linear_method.matmul(hidden, self.model.embed_tokens.weight, None).float()
-        return self.lm_head(hidden).float()
+            return self.linear_method.matmul(hidden, self.model.embed_tokens.weight, None)
+        return self.lm_head(hidden)
 
     def process_weights_after_loading(self, method: LinearMethod) -> None:
         """Hand every unquantized linear layer the device's method once the checkpoint is in, and let every

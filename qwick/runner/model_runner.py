@@ -184,7 +184,7 @@ class ModelRunner:
             hidden = self._null_forward([tokens])
             for m in range(1, min(16, self.config.max_num_seqs, tokens) + 1):
                 self.model.compute_logits(hidden[:m])
-        self.sampler.warm_up(self.vocab_size, self.device)
+        self.sampler.warm_up(self.vocab_size, self.device, self.dtype)
         torch.cuda.synchronize(self.device)
         logger.info("compiled the serving kernels in %.1f s", time.perf_counter() - t0)
 

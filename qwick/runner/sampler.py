@@ -420,7 +420,8 @@ class Sampler:
     """`Sampler(seed)(logits, meta) -> SamplerOutput`.
 
     `seed` seeds the generator that unseeded rows share (None: torch's default generator).
-    The logits are float32 [B, V]; they may be modified in place.
+    The logits are [B, V] in any float dtype (converted to fp32 where anything reads or changes them
+    beyond an argmax); fp32 logits may be modified in place.
     """
 
     def __init__(self, seed: int | None = None) -> None:
@@ -447,7 +448,7 @@ class Sampler:
         return g
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
-        if logits.dtype != torch.float32:
+        if logits.dtype != torch.float32 and not self._reads_raw_logits(logits, meta):
             logits = logits.float()
         raw_logprobs = None
         if meta.max_num_logprobs is not None:
@@ -470,6 +471,20 @@ class Sampler:
         if raw_logprobs is not None:
             lp = self.gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=lp)
+
+    @staticmethod
+    def _reads_raw_logits(logits: torch.Tensor, meta: SamplingMetadata) -> bool:
+        """True when nothing modifies the logits and the pick reads them as they are (bf16/fp16 convert to
+        fp32 exactly, so the argmax is the same): all-greedy rows, or the fused CUDA race."""
+        untouched = (
+            meta.max_num_logprobs is None
+            and meta.grammar_bitmask is None
+            and meta.logit_bias is None
+            and meta.min_tokens_mask is None
+            and meta.no_penalties
+        )
+        fused = logits.is_cuda and meta.top_k is None and meta.top_p is None and meta.min_p is None
+        return untouched and (meta.all_greedy or (fused and meta.greedy_mask is None))
 
     @staticmethod
     def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -516,18 +531,20 @@ class Sampler:
         return race_sample(logits, meta.temperature, base, row_seeds)
 
     @staticmethod
-    def warm_up(vocab_size: int, device: torch.device) -> None:
+    def warm_up(vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         """Compile the sampling kernels now rather than on the first request that needs one (CUDA only):
-        the seeded noise, and the fused race with and without temperatures and per-row seeds."""
+        the seeded noise, and the fused race with and without temperatures and per-row seeds, on logits
+        as the model writes them (`dtype`) and in fp32 (after penalties or a logit bias)."""
         if device.type == "cuda":
             from qwick.kernels.sampling import race_sample, seeded_uniform_
 
-            logits = torch.zeros((1, vocab_size), dtype=torch.float32, device=device)
-            seeded_uniform_(logits.clone(), [0], [0])
+            seeded_uniform_(torch.zeros((1, vocab_size), dtype=torch.float32, device=device), [0], [0])
             temperature = torch.ones(1, dtype=torch.float32, device=device)
-            for temp in (None, temperature):
-                for seeds in (None, [1 << 40]):
-                    race_sample(logits, temp, 1 << 40, seeds)
+            for logits_dtype in {dtype, torch.float32}:
+                logits = torch.zeros((1, vocab_size), dtype=logits_dtype, device=device)
+                for temp in (None, temperature):
+                    for seeds in (None, [1 << 40]):
+                        race_sample(logits, temp, 1 << 40, seeds)
 
     def _noise(self, shape: torch.Size, device: torch.device, meta: SamplingMetadata) -> torch.Tensor:
         """Exp(1) noise as -log(U): on the CPU `rand` + `log` is 6x faster than `exponential_`

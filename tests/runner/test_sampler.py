@@ -95,6 +95,23 @@ def test_bf16_logits_accepted():
     assert out.sampled_token_ids.tolist() == logits.float().argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_logits_sample_as_their_fp32_copy(device):
+    """The model's bf16 logits are read as they are where nothing changes them (greedy; on CUDA the fused
+    race) and converted where something does (penalties, bias): the tokens equal the fp32 copy's."""
+    logits = (torch.randn(48, 1000, generator=torch.Generator().manual_seed(8)) * 3).to(torch.bfloat16)
+    for kwargs in (
+        {"temperature": 0.0},
+        {"temperature": 0.8},
+        {"temperature": 0.8, "presence_penalty": 0.5},
+        {"temperature": 0.0, "logit_bias": {5: 2.0}},
+    ):
+        reqs = [make_req(output=(5, 7), seed=i, **kwargs) for i in range(48)]  # seeded: the same noise
+        raw, _ = sample(reqs, logits, device)
+        fp32, _ = sample(reqs, logits.float(), device)
+        assert torch.equal(raw.sampled_token_ids, fp32.sampled_token_ids), kwargs
+
+
 # ---------------------------------------------------------------- logprobs
 
 
