@@ -60,14 +60,7 @@ def _gemv_kernel(
     x_rows = x_ptr + rm[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
-        kk = k + rk
-        if EVEN_K:
-            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
-            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
-        else:
-            k_ok = kk < k_end
-            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
         # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
         # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
@@ -92,6 +85,20 @@ def _gemv_kernel(
         BLOCK_M,
         BLOCK_N,
     )
+
+
+@triton.jit
+def load_k_tiles(w_rows, x_rows, kk, k_end, n_ok, m_ok, EVEN_K: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] weight tile and [BLOCK_M, BLOCK_K] activation tile at columns `kk` of the
+    rows `w_rows` / `x_rows` point at (K masked only where the split's end may cut a tile)."""
+    if EVEN_K:
+        w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
+        x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
+    else:
+        k_ok = kk < k_end
+        w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    return w, x
 
 
 @triton.jit

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.gemv import GemvWorkspace, split_k_epilogue, split_k_for
+from qwick.kernels.gemv import GemvWorkspace, load_k_tiles, split_k_epilogue, split_k_for
 
 
 @triton.jit
@@ -246,14 +246,7 @@ def _rowwise_fp8_mm_kernel(
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
-        kk = k + rk
-        if EVEN_K:
-            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
-            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
-        else:
-            k_ok = kk < k_end
-            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
         # fp32 accumulation throughout (Triton's sm_90 default accumulates fp8 products imprecisely)
         acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=0)
     xs = tl.load(xs_ptr + rows, mask=m_ok, other=0.0)
