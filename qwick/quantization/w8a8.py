@@ -18,9 +18,9 @@ What each path computes:
   the torch ops here (`qwick.kernels.w8a8`). Where the input comes from an RMSNorm or SiLU-and-mul, that
   kernel writes the per-token codes too (`input_quant` asks for them, `apply_quantized` takes them), which
   saves the quantization launch and a read of the activations for three of a layer's four projections;
-- CUDA, fp8 per channel at 16 < M <= 256 where cuBLAS's 128 x 128 output tiles are fewer than the SMs
-  (the narrow layers at mid-size batches and short prompts): a split-K Triton GEMM on the fp8 codes
-  (`qwick.kernels.w8a8.rowwise_fp8_mm`), which keeps every SM streaming;
+- CUDA, fp8 per channel at 16 < M <= `rowwise_max_m` (off until measured) where cuBLAS's 128 x 128
+  output tiles are fewer than the SMs (the narrow layers at mid-size batches and short prompts): a split-K
+  Triton GEMM on the fp8 codes (`qwick.kernels.w8a8.rowwise_fp8_mm`), which keeps every SM streaming;
 - CUDA, decode-sized bf16/fp16 inputs (M <= 16), per-channel scales: `x @ dequant(W).T + b` instead
   (W8A16), by the skinny split-K GEMM of `qwick.kernels.gemv` streaming the 8-bit codes. A decode step is
   bound by reading the weights, so quantizing the activations there would only add a launch per layer.
@@ -116,8 +116,9 @@ class W8A8LinearMethod(LinearMethod):
     # False keeps `_scaled_mm` / `_int_mm` (W8A8) for every M.
     skinny_gemm = True
     # fp8 per channel, 16 < M <= this, where cuBLAS's 128 x 128 tiles would leave SMs idle: our split-K
-    # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`); 0 keeps `_scaled_mm` for every M.
-    rowwise_max_m = 256
+    # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`); 0 keeps `_scaled_mm` for every M. Off until
+    # `benchmarks/fp8_mid_m_sweep.py` has measured it against cuBLAS on the H200 (written 12-01, not run).
+    rowwise_max_m = 0
     workspace = None
 
     def __init__(

@@ -116,6 +116,21 @@ def test_gpu_cublas_paths_at_decode_sizes(mode, n, k, m, monkeypatch):
     test_gpu_w8a8_matches_dequantized_float64(mode, n, k, m)
 
 
+@pytest.mark.parametrize("n,k", [SHAPES[0], SHAPES[3], SHAPES[5]])
+@pytest.mark.parametrize("m", [17, 64, 256])
+def test_gpu_rowwise_fp8_in_the_layer(n, k, m, monkeypatch):
+    """The layer with the mid-M fp8 GEMM switched on: the narrow layers take `rowwise_fp8_mm` (asserted),
+    and the result is the same function as `_scaled_mm`'s."""
+    from qwick.kernels import w8a8 as kernels
+
+    monkeypatch.setattr(W8A8LinearMethod, "rowwise_max_m", 256)
+    calls = []
+    real = kernels.rowwise_fp8_mm
+    monkeypatch.setattr(kernels, "rowwise_fp8_mm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    test_gpu_w8a8_matches_dequantized_float64("fp8", n, k, m)
+    assert calls
+
+
 def test_gpu_paths_are_the_fast_ones(monkeypatch):
     """The CUDA paths do not fall back to the reference at these shapes."""
     device = _cuda()
