@@ -74,9 +74,9 @@ case "${1:-}" in
     done
     ;;
   attn)
-    ATT="python -m qwick.bench.attention_bench --batch 1 8 64 --context 8192 32768 --no-torch"
-    $ATT --prefill --json "$OUT/attn_bf16.json" 2>&1 | tail -30
-    $ATT --kv-cache-dtype fp8 --sweep --json "$OUT/attn_fp8.json" 2>&1 | tail -40
+    ATT="python -m qwick.bench.attention_bench --batch 1 8 256 --context 640 32768 --no-torch"
+    $ATT --prefill --sweep --json "$OUT/attn_bf16.json" 2>&1 | tail -45
+    $ATT --kv-cache-dtype fp8 --sweep --json "$OUT/attn_fp8.json" 2>&1 | tail -30
     ;;
   profile)
     python benchmarks/ttft_profile.py qwen2.5-7b 2048 >"$OUT/ttft_profile.log" 2>&1

@@ -153,10 +153,12 @@ EXTEND_SWEEP = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 ]
 
 
-def sweep(dtype: torch.dtype) -> None:
-    """Time kernel meta-parameters (decode: device time per step; prefill: TFLOP/s vs torch SDPA)."""
-    shapes = [(1, 1024), (1, 8192), (1, 32768), (8, 8192), (64, 1024), (64, 8192)]
-    print("\ndecode sweep (us per step; TB/s in brackets)")
+def sweep(dtype: torch.dtype, kv_cache_dtype: str = "auto") -> None:
+    """Time kernel meta-parameters (decode: device time per step over a `kv_cache_dtype` cache; prefill:
+    TFLOP/s vs torch SDPA). Decode shapes include batch 256 at a 640-token context, the middle of
+    workload 3 (100-1024 prompt and output tokens), where attention is a third of the step."""
+    shapes = [(1, 1024), (1, 8192), (1, 32768), (8, 8192), (64, 1024), (64, 8192), (256, 640)]
+    print(f"\ndecode sweep, KV cache {kv_cache_dtype} (us per step; TB/s in brackets)")
     print(f"{'config':>22} " + " ".join(f"{f'b{b}/{c // 1024}k':>15}" for b, c in shapes))
     variants = [
         (f"bn{bn} w{w} s{st}", {"decode_config": dict(BLOCK_N=bn, num_warps=w, num_stages=st)})
@@ -170,7 +172,9 @@ def sweep(dtype: torch.dtype) -> None:
         cells = []
         for b, c in shapes:
             try:
-                r = bench_case(b, c, dtype, False, configure=lambda t, a=attrs: t.__dict__.update(a))
+                r = bench_case(
+                    b, c, dtype, False, lambda t, a=attrs: t.__dict__.update(a), kv_cache_dtype=kv_cache_dtype
+                )
                 cells.append(f"{r['triton_graph_us']:7.1f} [{r['tbps']:4.2f}]")
             except Exception as e:
                 cells.append(f"{'err ' + type(e).__name__[:10]:>15}")
@@ -284,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
             ours, dense = prefill_case(c, n, dtype, None), sdpa_case(c, n, dtype)
             print(f"  ctx {c:>5} + {n:>5} new: triton {ours}   sdpa {dense}")
     if args.sweep:
-        sweep(dtype)
+        sweep(dtype, args.kv_cache_dtype)
 
 
 if __name__ == "__main__":
