@@ -73,7 +73,7 @@ def _race_argmax_kernel(
         # q = -log u ~ Exp(1), floored like the torch path; u = 0 gives q = inf, which never wins.
         q = tl.maximum(-tl.log(tl.rand(seed, cols)), 1e-30)
         if HAS_TEMP:
-            x = x / tl.load(temp_ptr + row)
+            x = tl.math.div_rn(x, tl.load(temp_ptr + row))  # IEEE, as torch's `logits / temperature`
         score = x - tl.log(q)
         better = ok & (score > best)  # strict: the earliest column wins a tie, as torch.argmax does
         best = tl.where(better, score, best)
@@ -102,6 +102,8 @@ def race_sample(
     """
     b, vocab = logits.shape
     assert logits.stride(1) == 1
+    if b == 0:
+        return torch.empty((0,), dtype=torch.long, device=logits.device)
     block = 2048
     blocks = triton.cdiv(vocab, block)
     props = torch.cuda.get_device_properties(logits.device) if logits.is_cuda else None
@@ -111,8 +113,6 @@ def race_sample(
     parts = triton.cdiv(vocab, chunk)
     best_val = torch.empty((b, parts), dtype=torch.float32, device=logits.device)
     best_idx = torch.empty((b, parts), dtype=torch.int32, device=logits.device)
-    if b == 0:
-        return torch.empty((0,), dtype=torch.long, device=logits.device)
     seeds = None if row_seeds is None else to_device(row_seeds, torch.int64, logits.device)
     _race_argmax_kernel[(b, parts)](
         logits,

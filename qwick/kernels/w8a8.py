@@ -205,7 +205,7 @@ def quantize_rows(
     return q, s
 
 
-@triton.jit(do_not_specialize=["M"])  # one variant for every row count: none compiles mid-serving
+@triton.jit(do_not_specialize=["M"])  # M is no constant; BLOCK_M / SPLIT_K give 3 variants per layer
 def _rowwise_fp8_mm_kernel(
     x_ptr,
     w_ptr,
@@ -232,7 +232,7 @@ def _rowwise_fp8_mm_kernel(
     partials `split_k_epilogue` reduces (each row tile has its own slice of the workspace and counters)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    pid_m = tl.program_id(2).to(tl.int64)  # offsets below: M * N may pass 2^31
     rm = tl.arange(0, BLOCK_M)  # rows within the tile
     rows = pid_m * BLOCK_M + rm
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -247,8 +247,10 @@ def _rowwise_fp8_mm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
-        # fp32 accumulation throughout (Triton's sm_90 default accumulates fp8 products imprecisely)
-        acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=0)
+        # Hopper's fp8 tensor cores accumulate below fp32 precision: promote into the fp32 accumulator every
+        # 32 products of K. 0 (promote always) would also be exact, but Triton then gives up wgmma and
+        # upcasts to fp16 mma.sync (seen in the sm_90 PTX), which defeats the point of this kernel.
+        acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=32)
     xs = tl.load(xs_ptr + rows, mask=m_ok, other=0.0)
     wscale = tl.load(wscale_ptr + rn, mask=n_ok, other=0.0)
     acc = acc * xs[:, None] * wscale[None, :]

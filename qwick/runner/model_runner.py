@@ -176,14 +176,14 @@ class ModelRunner:
     def _compile_serving_kernels(self) -> None:
         """Run once, at startup, every kernel variant that serving can reach outside the captured graphs,
         so that Triton compiles none of them on a user's request (each compile costs 0.3-1 s of TTFT):
-        the prefill attention at its two tile shapes (short and long queries), the LM head's skinny GEMM
-        at every decode batch size, and the seeded-sampling noise. Writes only to the null block."""
+        the prefill attention at its two tile shapes (short and long queries), the fp8 mid-M GEMM's three
+        row-tile regimes (17-64, 65-128, 129-256 rows), the LM head's skinny GEMM at every decode batch
+        size, and the sampling kernels. Writes only to the null block."""
         t0 = time.perf_counter()
-        for tokens in (16, 160):
-            tokens = min(tokens, self.max_model_len)
-            hidden = self._null_forward([tokens])
-            for m in range(1, min(16, self.config.max_num_seqs, tokens) + 1):
-                self.model.compute_logits(hidden[:m])
+        for tokens in (16, 17, 65, 160):
+            hidden = self._null_forward([min(tokens, self.max_model_len)])
+        for m in range(1, min(16, self.config.max_num_seqs, hidden.shape[0]) + 1):
+            self.model.compute_logits(hidden[:m])
         self.sampler.warm_up(self.vocab_size, self.device, self.dtype)
         torch.cuda.synchronize(self.device)
         logger.info("compiled the serving kernels in %.1f s", time.perf_counter() - t0)

@@ -461,11 +461,11 @@ class Sampler:
         if meta.all_greedy:
             sampled = logits.argmax(dim=-1)
         else:
-            random = self.sample_random(logits, meta)
+            drawn = self.sample_random(logits, meta)
             if meta.greedy_mask is not None:
-                sampled = torch.where(meta.greedy_mask, logits.argmax(dim=-1), random)
+                sampled = torch.where(meta.greedy_mask, logits.argmax(dim=-1), drawn)
             else:
-                sampled = random
+                sampled = drawn
 
         lp = None
         if raw_logprobs is not None:

@@ -79,6 +79,7 @@ def test_race_sample_seeded_row_ignores_the_batch():
     for base in (1 << 33, 1 << 50):
         batch = race_sample(logits, None, base, [base, base + 1, 987654321, base + 3])
         assert batch[2] == alone[0]
+    assert race_sample(logits[:0], None, 1 << 40).shape == (0,)  # no rows: no launch, no division by zero
 
 
 def test_race_sample_follows_the_softmax():
