@@ -66,6 +66,20 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def add_tokenizer(w: gguf.GGUFWriter, arch: str) -> None:
+    """The test vocabulary (byte tokens, a few merges, Qwen's specials) and chat template as GGUF metadata."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2" if arch != "llama" else "llama-bpe")
+    w.add_token_list(TOKENS)
+    w.add_token_types([1] * (len(TOKENS) - len(SPECIALS)) + [3] * len(SPECIALS))
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(EOT)
+    w.add_eos_token_id(IM_END)
+    w.add_pad_token_id(EOT)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
 def write_gguf(
     path,
     arch: str = "qwen2",
@@ -102,16 +116,7 @@ def write_gguf(
         w.add_rope_scaling_factor(rope_scaling["factor"])
         w.add_rope_scaling_orig_ctx_len(rope_scaling["original"])
     if tokenizer:
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2" if arch != "llama" else "llama-bpe")
-        w.add_token_list(TOKENS)
-        w.add_token_types([1] * (len(TOKENS) - len(SPECIALS)) + [3] * len(SPECIALS))
-        w.add_token_merges(MERGES)
-        w.add_bos_token_id(EOT)
-        w.add_eos_token_id(IM_END)
-        w.add_pad_token_id(EOT)
-        w.add_add_bos_token(False)
-        w.add_chat_template(CHAT_TEMPLATE)
+        add_tokenizer(w, arch)
 
     hidden, heads, kv, hd, ffn = d["hidden"], d["heads"], d["kv"], d["head_dim"], d["ffn"]
     hf: dict[str, np.ndarray] = {}

@@ -22,15 +22,7 @@ from safetensors.torch import load_file
 from qwick import LLM, SamplingParams
 from qwick.quantization.base import weight_bytes
 from qwick.quantization.gguf import GgufLinearMethod
-from tests.loader.test_gguf import (
-    CHAT_TEMPLATE,
-    EOT,
-    IM_END,
-    MERGES,
-    SPECIALS,
-    TOKENS,
-    _llama_cpp_permute,
-)
+from tests.loader.test_gguf import TOKENS, _llama_cpp_permute, add_tokenizer
 from tests.models.test_decoder_matches_transformers import LogitsRecorder
 
 HIDDEN, HEADS, KV, HEAD_DIM, FFN, LAYERS = 256, 4, 2, 64, 512, 2
@@ -97,16 +89,7 @@ def write_mixed_gguf(path, arch: str = "qwen2", seed: int = 0) -> None:
     w.add_layer_norm_rms_eps(1e-6)
     if arch == "llama":
         w.add_rope_dimension_count(HEAD_DIM)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if arch != "llama" else "llama-bpe")
-    w.add_token_list(TOKENS)
-    w.add_token_types([1] * (len(TOKENS) - len(SPECIALS)) + [3] * len(SPECIALS))
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(EOT)
-    w.add_eos_token_id(IM_END)
-    w.add_pad_token_id(EOT)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    add_tokenizer(w, arch)
 
     def matrix(name: str, shape: tuple[int, int], qtype: QT) -> None:
         if qtype in (QT.Q4_K, QT.Q6_K):
