@@ -52,7 +52,8 @@ def sweep(name: str, n: int, k: int, m: int, w: torch.Tensor, wscale: torch.Tens
     t_ours = bench(functools.partial(ours, *args))
     best, best_cfg = float("inf"), None
     for cfg in CONFIGS:
-        if -(-m // cfg.block_m) * cfg.split_k * cfg.block_m * n > ws.partials.numel():
+        tiles_m = -(-m // cfg.block_m)
+        if not ws.fits(cfg.split_k, tiles_m * cfg.block_m, n, tiles_m * -(-n // cfg.block_n)):
             continue
         try:
             t = bench(functools.partial(ours, *args, cfg))

@@ -198,6 +198,18 @@ class GemvWorkspace:
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.configs: dict[tuple[int, int, int, int], GemvConfig] = {}
 
+    def fits(self, split_k: int, rows: int, n: int, tiles: int) -> bool:
+        """Whether a launch with `split_k` splits can stage its partials here: `rows` partial rows of width
+        `n` per split, and one counter for each of `tiles` output tiles. One split stages nothing."""
+        if split_k == 1:
+            return True
+        return split_k * rows * n <= self.partials.numel() and tiles <= self.counters.numel()
+
+    def check(self, split_k: int, rows: int, n: int, tiles: int, what: object) -> None:
+        """`fits`, or a ValueError naming the launch `what`."""
+        if not self.fits(split_k, rows, n, tiles):
+            raise ValueError(f"split-K workspace too small for {what} at N={n}")
+
     def config_for(self, m: int, n: int, k: int, w_bytes: int = 2) -> GemvConfig:
         key = (triton.next_power_of_2(m), n, k, w_bytes)
         cfg = self.configs.get(key)
@@ -243,8 +255,7 @@ def gemv(
         return y
     cfg = config or ws.config_for(m, n, k, weight.element_size())
     tiles = triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1 and (cfg.split_k * MAX_M * n > ws.partials.numel() or tiles > ws.counters.numel()):
-        raise ValueError(f"split-K workspace too small for {cfg} at N={n}")
+    ws.check(cfg.split_k, MAX_M, n, tiles, cfg)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     _gemv_kernel[(tiles, cfg.split_k)](
         x,

@@ -186,8 +186,7 @@ def default_w4_config(n: int, kw: int, group_words: int, num_sms: int) -> RowGem
 
 def _check_workspace(ws: GemvWorkspace, n: int, cfg: RowGemvConfig) -> int:
     tiles = triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1 and (cfg.split_k * n > ws.partials.numel() or tiles > ws.counters.numel()):
-        raise ValueError(f"split-K workspace too small for {cfg} at N={n}")
+    ws.check(cfg.split_k, 1, n, tiles, cfg)
     return tiles
 
 

@@ -187,8 +187,7 @@ def quant_matmul(
     if m > MAX_M and cfg.split_k != 1:
         raise ValueError("split-K needs M <= 16")
     tiles = triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1 and (cfg.split_k * MAX_M * n > ws.partials.numel() or tiles > ws.counters.numel()):
-        raise ValueError(f"split-K workspace too small for {cfg} at N={n}")
+    ws.check(cfg.split_k, MAX_M, n, tiles, cfg)
     if weight.mins is not None:
         mode, extra = ZERO_MINS, weight.mins
     elif weight.zeros is not None:

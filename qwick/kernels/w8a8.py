@@ -292,9 +292,10 @@ def rowwise_config(m: int, n: int, k: int, workspace: GemvWorkspace) -> RowwiseC
     the H200 (`benchmarks/fp8_mid_m_sweep.py`)."""
     block_m = 64 if m <= 64 else 128
     block_n, block_k = 128, 128
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    tiles_m = triton.cdiv(m, block_m)
+    tiles = tiles_m * triton.cdiv(n, block_n)
     split = split_k_for(tiles, triton.cdiv(k, block_k), workspace.num_sms)
-    while split > 1 and triton.cdiv(m, block_m) * split * block_m * n > workspace.partials.numel():
+    while not workspace.fits(split, tiles_m * block_m, n, tiles):
         split //= 2
     warps, stages = (4, 4) if block_m == 64 else (8, 3)
     return RowwiseConfig(block_m, block_n, block_k, split, warps, stages)
@@ -324,11 +325,7 @@ def rowwise_fp8_mm(
         return y
     cfg = config or rowwise_config(m, n, k, workspace)
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1 and (
-        tiles_m * cfg.split_k * cfg.block_m * n > workspace.partials.numel()
-        or tiles_m * tiles_n > workspace.counters.numel()
-    ):
-        raise ValueError(f"split-K workspace too small for {cfg} at M={m}, N={n}")
+    workspace.check(cfg.split_k, tiles_m * cfg.block_m, n, tiles_m * tiles_n, f"{cfg} (M={m})")
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     _rowwise_fp8_mm_kernel[(tiles_n, cfg.split_k, tiles_m)](
         xq,
