@@ -139,6 +139,7 @@ class W8A8LinearMethod(LinearMethod):
         self.block = tuple(block) if block is not None else None
         self.scale_name = scale_name
         self.quantize_activations = quantize_activations
+        self.row_quant = RowQuant(qdtype, _QMAX[qdtype], _MIN_AMAX)  # per-token activations, when quantized
 
     def describe(self) -> str:
         kind = "fp8" if self.qdtype == FP8_DTYPE else "int8"
@@ -278,9 +279,7 @@ class W8A8LinearMethod(LinearMethod):
         return k % align == 0 and n % align == 0
 
     def input_quant(self, layer: Linear, x: torch.Tensor) -> RowQuant | None:
-        if not self._per_token_cuda(layer, x):
-            return None
-        return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX)
+        return self.row_quant if self._per_token_cuda(layer, x) else None
 
     def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
         if x.x.dim() != 2 or not self._per_token_cuda(layer, x.x):
