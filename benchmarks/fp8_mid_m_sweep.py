@@ -2,20 +2,24 @@
 against qwick's split-K Triton GEMM (`rowwise_fp8_mm`), its default launch shape and the best of a sweep.
 Both take the same fp8 codes; the per-token quantization of x is not timed. `do_bench` medians, L2 flushed.
 
-    python benchmarks/fp8_mid_m_sweep.py [7b|14b]
+    python benchmarks/fp8_mid_m_sweep.py [7b|14b] [layer ...]
 """
 
 import functools
 import itertools
+import os
 import sys
 
 import torch
 from triton.testing import do_bench
 
-from qwick.kernels.gemv import shared_workspace
-from qwick.kernels.w8a8 import RowwiseConfig, rowwise_config, rowwise_fp8_mm
+sys.path.insert(0, os.getcwd())
+from qwick.kernels.gemv import shared_workspace  # noqa: E402
+from qwick.kernels.w8a8 import RowwiseConfig, rowwise_config, rowwise_fp8_mm  # noqa: E402
+from qwick.quantization.w8a8 import W8A8LinearMethod  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
+FAST_ACCUM_MAX_K = W8A8LinearMethod.fast_accum_max_k
 SHAPES = {
     "7b": {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)},
     "14b": {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (27648, 5120), "down": (5120, 13824)},
@@ -35,8 +39,11 @@ def codes(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / scale).to(FP8), scale
 
 
-def cublas(x, xs, w, wscale) -> torch.Tensor:
-    return torch._scaled_mm(x, w.t(), scale_a=xs, scale_b=wscale.view(1, -1), out_dtype=torch.bfloat16)
+def cublas(x, xs, w, wscale, fast: bool = True) -> torch.Tensor:
+    """What qwick runs for bf16 models: fast accumulation (K <= 8192) or exact (the down projection)."""
+    return torch._scaled_mm(
+        x, w.t(), scale_a=xs, scale_b=wscale.view(1, -1), out_dtype=torch.bfloat16, use_fast_accum=fast
+    )
 
 
 def ours(x, xs, w, wscale, cfg=None) -> torch.Tensor:
@@ -48,7 +55,7 @@ def sweep(name: str, n: int, k: int, m: int, w: torch.Tensor, wscale: torch.Tens
     args = (x, xs, w, wscale)
     ref = cublas(*args).float()
     assert (ours(*args).float() - ref).norm() / ref.norm() < 1e-2, (name, m)
-    t_cublas = bench(functools.partial(cublas, *args))
+    t_cublas = bench(functools.partial(cublas, *args, k <= FAST_ACCUM_MAX_K))
     t_ours = bench(functools.partial(ours, *args))
     best, best_cfg = float("inf"), None
     for cfg in CONFIGS:
@@ -73,7 +80,10 @@ def sweep(name: str, n: int, k: int, m: int, w: torch.Tensor, wscale: torch.Tens
 ws = shared_workspace(torch.device("cuda"))
 model = sys.argv[1] if len(sys.argv) > 1 else "7b"
 print(f"{'layer':8} {'M':>4} {'cuBLAS us':>10} {'ours us':>8} {'best us':>8}  best config")
+layers = sys.argv[2:] or list(SHAPES[model])
 for name, (n, k) in SHAPES[model].items():
+    if name not in layers:
+        continue
     w, wscale = codes(n, k)
     for m in (17, 32, 64, 128, 256):
         sweep(name, n, k, m, w, wscale)

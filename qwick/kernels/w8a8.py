@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.gemv import GemvWorkspace, load_k_tiles, split_k_epilogue, split_k_for
+from qwick.kernels.gemv import GemvWorkspace, load_k_tiles, split_k_epilogue
 
 
 @triton.jit
@@ -287,18 +287,17 @@ class RowwiseConfig:
 
 
 def rowwise_config(m: int, n: int, k: int, workspace: GemvWorkspace) -> RowwiseConfig:
-    """128-wide output tiles, 64 or 128 rows each; K split (`split_k_for`) until about four programs per
-    SM stream, as far as the shared split-K workspace holds the partials. A first guess, to be swept on
-    the H200 (`benchmarks/fp8_mid_m_sweep.py`)."""
-    block_m = 64 if m <= 64 else 128
-    block_n, block_k = 128, 128
+    """64 x 64 output tiles over K in 256-wide steps, K split 4 ways up to 64 rows and 2 ways beyond, as far
+    as the shared split-K workspace holds the partials: the best of 40 launch shapes on the H200 at
+    qwen2.5-7b's down projection for M = 32 and 64 (`benchmarks/fp8_mid_m_sweep.py`; its "ours" column
+    times this pick at every M)."""
+    block_m, block_n, block_k = 64, 64, 256
     tiles_m = triton.cdiv(m, block_m)
     tiles = tiles_m * triton.cdiv(n, block_n)
-    split = split_k_for(tiles, triton.cdiv(k, block_k), workspace.num_sms)
+    split = 4 if m <= 64 else 2
     while not workspace.fits(split, tiles_m * block_m, n, tiles):
         split //= 2
-    warps, stages = (4, 4) if block_m == 64 else (8, 3)
-    return RowwiseConfig(block_m, block_n, block_k, split, warps, stages)
+    return RowwiseConfig(block_m, block_n, block_k, split, 4, 3)
 
 
 def rowwise_fp8_mm(

@@ -13,13 +13,14 @@ What each path computes:
 - the reference path (CPUs, odd shapes): dequantize, then a plain matmul. With per-token x scales and
   per-channel W scales the scales factor out of each dot product, so the matmul runs on the 8-bit codes
   (exact in bf16/fp16/fp32) in the activation dtype and the scales are applied after;
-- CUDA: `torch._scaled_mm` with row-wise scales (fp8), `torch._int_mm` then the scales (int8), block fp8
-  through a Triton block-scaled GEMM; activations quantized by one fused Triton kernel, bit-identical to
-  the torch ops here (`qwick.kernels.w8a8`). Where the input comes from an RMSNorm or SiLU-and-mul, that
-  kernel writes the per-token codes too (`input_quant` asks for them, `apply_quantized` takes them), which
-  saves the quantization launch and a read of the activations for three of a layer's four projections;
-- CUDA, fp8 per channel at 16 < M <= `rowwise_max_m` (off until measured) where cuBLAS's 128 x 128
-  output tiles are fewer than the SMs (the narrow layers at mid-size batches and short prompts): a split-K
+- CUDA: `torch._scaled_mm` with row-wise scales (fp8; fast accumulation where K <= `fast_accum_max_k`),
+  `torch._int_mm` then the scales (int8), block fp8 through a Triton block-scaled GEMM; activations quantized
+  by one fused Triton kernel, bit-identical to the torch ops here (`qwick.kernels.w8a8`). Where the input
+  comes from an RMSNorm or SiLU-and-mul, that kernel writes the per-token codes too (`input_quant` asks for
+  them, `apply_quantized` takes them), which saves the quantization launch and a read of the activations for
+  three of a layer's four projections;
+- CUDA, fp8 per channel at 16 < M <= `rowwise_max_m` with a long K (the down projections at mid-size
+  batches and short prompts), where cuBLAS's 128 x 128 output tiles are fewer than the SMs: a split-K
   Triton GEMM on the fp8 codes (`qwick.kernels.w8a8.rowwise_fp8_mm`), which keeps every SM streaming;
 - CUDA, decode-sized bf16/fp16 inputs (M <= 16), per-channel scales: `x @ dequant(W).T + b` instead
   (W8A16), by the skinny split-K GEMM of `qwick.kernels.gemv` streaming the 8-bit codes. A decode step is
@@ -115,10 +116,20 @@ class W8A8LinearMethod(LinearMethod):
     # unquantized activations (qwick.kernels.gemv, W8A16) instead of quantizing the activations for cuBLAS;
     # False keeps `_scaled_mm` / `_int_mm` (W8A8) for every M.
     skinny_gemm = True
-    # fp8 per channel, 16 < M <= this, where cuBLAS's 128 x 128 tiles would leave SMs idle: our split-K
-    # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`); 0 keeps `_scaled_mm` for every M. Off until
-    # `benchmarks/fp8_mid_m_sweep.py` has measured it against cuBLAS on the H200 (written 12-01, not run).
-    rowwise_max_m = 0
+    # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
+    # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
+    # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 / 43 us at M = 17 / 32 / 64 / 128
+    # against cuBLAS's 55 / 52 / 51 / 52; at M = 256, and on the shorter-K layers, cuBLAS wins or ties
+    # (benchmarks/fp8_mid_m_sweep.py, BENCHMARKS.md). rowwise_max_m = 0 keeps `_scaled_mm` for every M.
+    rowwise_max_m = 128
+    rowwise_min_k = 12288
+    # cuBLAS fp8 GEMMs with bf16/fp16 output: Hopper's fast accumulation (partial sums kept in the tensor
+    # cores, not promoted to fp32 every few products) where K <= this. At qwen2.5-7b shapes it is 1.1-1.2x
+    # faster on gate/up and QKV (M 64-8192), and its worst error grows from 3e-3 of the output's range (the
+    # bf16 rounding) to 5-7e-3, well under what fp8 weight codes cost. Over K = 18944 (the down projection)
+    # the error reaches 1.1e-2 for 1.0-1.1x, so longer sums stay exact (benchmarks/fp8_scaled_mm.py,
+    # BENCHMARKS.md). CUTLASS-based engines run fast accumulation everywhere. fp32 models stay exact.
+    fast_accum_max_k = 8192
     workspace = None
 
     def __init__(
@@ -258,15 +269,15 @@ class W8A8LinearMethod(LinearMethod):
         skinny = x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16)
         return self.block is None and skinny and self.skinny_gemm and self.workspace is not None
 
-    def _rowwise(self, x: torch.Tensor, n: int) -> bool:
-        """fp8 per channel at 16 < M <= `rowwise_max_m` (bf16/fp16) where cuBLAS's 128 x 128 output tiles
-        number fewer than the SMs: the split-K Triton GEMM keeps them all streaming."""
+    def _rowwise(self, x: torch.Tensor, n: int, k: int) -> bool:
+        """fp8 per channel at 16 < M <= `rowwise_max_m` (bf16/fp16), K >= `rowwise_min_k`, where cuBLAS's
+        128 x 128 output tiles number fewer than the SMs: the split-K Triton GEMM keeps them all streaming."""
         m = x.shape[0]
         if self.qdtype != FP8_DTYPE or self.block is not None or self.workspace is None:
             return False
         if not 16 < m <= self.rowwise_max_m or x.dtype not in (torch.bfloat16, torch.float16):
             return False
-        return -(-m // 128) * -(-n // 128) < self.workspace.num_sms
+        return k >= self.rowwise_min_k and -(-m // 128) * -(-n // 128) < self.workspace.num_sms
 
     def _per_token_cuda(self, layer: Linear, x: torch.Tensor) -> bool:
         """Whether `_apply_cuda` quantizes `x` per token (the cuBLAS `_scaled_mm` / `_int_mm` paths)."""
@@ -306,7 +317,7 @@ class W8A8LinearMethod(LinearMethod):
 
             xq, xs = self._quantize_x(x, self.block[1])
             y = block_scaled_mm(xq, xs, layer.weight, self.weight_scale(layer), self.block, x.dtype)
-        elif self._rowwise(x, n):
+        elif self._rowwise(x, n, k):
             from qwick.kernels.w8a8 import rowwise_fp8_mm
 
             xq, xs = codes if codes is not None else self._quantize_x(x)
@@ -335,7 +346,7 @@ class W8A8LinearMethod(LinearMethod):
                     scale_a=xs,
                     scale_b=self.weight_scale(layer).view(1, -1),
                     out_dtype=torch.bfloat16,
-                    use_fast_accum=False,
+                    use_fast_accum=k <= self.fast_accum_max_k,
                 ).to(x.dtype)
         elif self.qdtype == torch.int8 and k % 8 == 0 and n % 8 == 0:
             xq, xs = codes if codes is not None else self._quantize_x(x)

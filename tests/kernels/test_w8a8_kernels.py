@@ -1,12 +1,11 @@
-"""The GPU W8A8 matmuls against dequantize-then-matmul in float64, on the same 8-bit codes.
-
-fp8 / int8 per channel: for M <= 16 the skinny Triton GEMM on the 8-bit codes with unquantized activations
-(W8A16, `qwick.kernels.gemv`), else `torch._scaled_mm` with row-wise scales / `torch._int_mm` then the
-scales (also checked at M <= 16, zero rows padded for `_int_mm`), and for fp8 at 16 < M <= 256 where
-cuBLAS would leave SMs idle, the split-K Triton GEMM `rowwise_fp8_mm`; fp8 128x128 blocks: the Triton
-block-scaled GEMM. Shapes: every linear layer of qwen2.5-7b and -14b, M from 1
-(decode) to 4096 (a prefill chunk), bf16 activations with a bias. The only difference allowed is
-accumulation order and the bf16 output's rounding.
+"""The GPU W8A8 matmuls against dequantize-then-matmul in float64, on the same 8-bit codes. fp8 / int8 per
+channel: for M <= 16 the skinny Triton GEMM on the 8-bit codes with unquantized activations (W8A16,
+`qwick.kernels.gemv`), else `torch._scaled_mm` with row-wise scales / `torch._int_mm` then the scales (also
+checked at M <= 16, zero rows padded for `_int_mm`), and for fp8 at 16 < M <= 256 where cuBLAS would leave SMs
+idle, the split-K Triton GEMM `rowwise_fp8_mm`; fp8 128x128 blocks: the Triton block-scaled GEMM. cuBLAS's fp8
+GEMMs accumulate fast (below fp32) where K <= 8192. Shapes: every linear layer of qwen2.5-7b and -14b, M from
+1 (decode) to 4096 (a prefill chunk), bf16 activations with a bias. The only difference allowed is
+accumulation order and precision, and the bf16 output's rounding.
 Under TRITON_INTERPRET=1 (no GPU) the Triton kernels run on small shapes on the CPU.
 """
 
@@ -116,19 +115,38 @@ def test_gpu_cublas_paths_at_decode_sizes(mode, n, k, m, monkeypatch):
     test_gpu_w8a8_matches_dequantized_float64(mode, n, k, m)
 
 
-@pytest.mark.parametrize("n,k", [SHAPES[0], SHAPES[3], SHAPES[5]])
-@pytest.mark.parametrize("m", [17, 64, 256])
-def test_gpu_rowwise_fp8_in_the_layer(n, k, m, monkeypatch):
-    """The layer with the mid-M fp8 GEMM switched on: the narrow layers take `rowwise_fp8_mm` (asserted),
-    and the result is the same function as `_scaled_mm`'s."""
+@pytest.mark.parametrize("n,k", [SHAPES[0], SHAPES[3], SHAPES[5], SHAPES[7]])
+@pytest.mark.parametrize("m", [17, 64, 128, 256])
+@pytest.mark.parametrize("forced", [False, True])
+def test_gpu_rowwise_fp8_in_the_layer(n, k, m, forced, monkeypatch):
+    """The mid-M fp8 GEMM takes the down projections (K >= 12288) at 16 < M <= 128 and nothing else by
+    default; forced on for every shape up to 256 rows, it takes the narrow layers. Either way the result is
+    the same function as `_scaled_mm`'s."""
     from qwick.kernels import w8a8 as kernels
 
-    monkeypatch.setattr(W8A8LinearMethod, "rowwise_max_m", 256)
+    if forced:
+        monkeypatch.setattr(W8A8LinearMethod, "rowwise_max_m", 256)
+        monkeypatch.setattr(W8A8LinearMethod, "rowwise_min_k", 0)
     calls = []
     real = kernels.rowwise_fp8_mm
     monkeypatch.setattr(kernels, "rowwise_fp8_mm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     test_gpu_w8a8_matches_dequantized_float64("fp8", n, k, m)
-    assert calls
+    narrow = -(-m // 128) * -(-n // 128) < torch.cuda.get_device_properties(0).multi_processor_count
+    assert bool(calls) == (narrow and (forced or (k >= 12288 and m <= 128)))
+
+
+def test_gpu_fast_accumulation_only_for_short_sums(monkeypatch):
+    """bf16 fp8 layers ask cuBLAS for fast accumulation where K <= `fast_accum_max_k` (7b's QKV) and for
+    exact sums over longer K (7b's down projection); the error bounds above hold for both."""
+    device = _cuda()
+    seen = []
+    real = torch._scaled_mm
+    monkeypatch.setattr(
+        torch, "_scaled_mm", lambda *a, **kw: seen.append(kw["use_fast_accum"]) or real(*a, **kw)
+    )
+    for n, k in (SHAPES[0], SHAPES[3]):
+        _layer("fp8", n, k, device)(torch.randn(256, k, device=device, dtype=torch.bfloat16))  # not mid-M
+    assert W8A8LinearMethod.fast_accum_max_k < SHAPES[3][1] and seen == [True, False]
 
 
 def test_gpu_paths_are_the_fast_ones(monkeypatch):
@@ -242,11 +260,24 @@ def test_rowwise_fp8_mm(m, n, k):
     wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev) * 0.02, FP8_DTYPE)
     out_dtype = torch.float32 if INTERPRET else torch.bfloat16
     tol = 1e-5 if INTERPRET else 5e-3
-    configs = [
-        rowwise_config(m, n, k, ws),
-        RowwiseConfig(64, 128, 128, 1, 4, 3),
-        RowwiseConfig(64, 64, 128, 4, 4, 3),
-    ]
+    forced = [RowwiseConfig(64, 128, 128, 1, 4, 3), RowwiseConfig(64, 64, 128, 4, 4, 3)]
+    # a forced split runs only where the shared workspace holds its partials (the default halves its
+    # split until it does; an oversized one must be refused, not write past the buffer)
+    tiles_m = -(-m // 64)
+    fits = [c for c in forced if ws.fits(c.split_k, tiles_m * 64, n, tiles_m * -(-n // c.block_n))]
+    for cfg in forced:
+        if cfg not in fits:
+            with pytest.raises(ValueError, match="workspace too small"):
+                rowwise_fp8_mm(
+                    *quantize_per_token(torch.ones(m, k, device=dev), FP8_DTYPE),
+                    wq,
+                    wscale,
+                    None,
+                    ws,
+                    out_dtype,
+                    cfg,
+                )
+    configs = [rowwise_config(m, n, k, ws), *fits]
     for cfg in configs:
         for bias in (None, torch.randn(n, generator=gen, device=dev).to(out_dtype)):
             x = torch.randn(m, k, generator=gen, device=dev) * torch.linspace(0.1, 3, k, device=dev)
