@@ -205,7 +205,7 @@ def quantize_rows(
     return q, s
 
 
-@triton.jit(do_not_specialize=["M"])  # M is no constant; BLOCK_M / SPLIT_K give 3 variants per layer
+@triton.jit(do_not_specialize=["M"])  # M is no constant; SPLIT_K gives 2 variants per layer
 def _rowwise_fp8_mm_kernel(
     x_ptr,
     w_ptr,

@@ -176,9 +176,9 @@ class ModelRunner:
     def _compile_serving_kernels(self) -> None:
         """Run once, at startup, every kernel variant that serving can reach outside the captured graphs,
         so that Triton compiles none of them on a user's request (each compile costs 0.3-1 s of TTFT):
-        the prefill attention at its two tile shapes (short and long queries), the fp8 mid-M GEMM's three
-        row-tile regimes (17-64, 65-128, 129-256 rows), the LM head's skinny GEMM at every decode batch
-        size, and the sampling kernels. Writes only to the null block."""
+        the prefill attention at its two tile shapes (short and long queries), the fp8 mid-M GEMM's two
+        K splits (17-64 and 65-128 rows), the LM head's skinny GEMM at every decode batch size, and the
+        sampling kernels. Writes only to the null block."""
         t0 = time.perf_counter()
         for tokens in (16, 17, 65, 160):
             hidden = self._null_forward([min(tokens, self.max_model_len)])

@@ -231,6 +231,54 @@ def test_top_k_only_path_matches_sort_path():
     torch.testing.assert_close(a[kept], logits[kept])
 
 
+def _peaked_logits(rows: int, V: int, seed: int) -> torch.Tensor:
+    """A language model's shape: a few dozen plausible tokens, a long tail far below."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, V, generator=g) * 2 - 10
+    head = torch.randint(0, V, (rows, 40), generator=g)
+    return logits.scatter(1, head, torch.randn(rows, 40, generator=g) * 2 + 8)
+
+
+def test_cpu_top_p_from_candidates_matches_the_sort():
+    """The CPU path finds each row's nucleus among its 1024 largest logits, and keeps exactly what the
+    sort keeps: top-p alone, with top-k (renormalized over the top-k set), and rows with neither."""
+    from qwick.runner import sampler as sampler_mod
+
+    V = 5000
+    logits = _peaked_logits(6, V, seed=3)
+    top_p = torch.tensor([0.8, 0.95, 0.5, 1.0, 0.9, 1.0])
+    top_k = torch.tensor([V, 10, 3, 7, 900, V])  # V: no top-k
+    for k in (None, top_k):
+        fast = sampler_mod._top_p_among_candidates(logits, k, top_p)
+        assert fast is not None  # every nucleus lies among the candidates
+        expected = sampler_mod._top_k_top_p_by_sort(logits, k, top_p)
+        assert torch.equal(torch.isinf(fast), torch.isinf(expected))
+        kept = ~torch.isinf(fast)
+        assert torch.equal(fast[kept], logits[kept])
+        assert kept[5].all()  # neither top-k nor top-p
+    assert kept.sum(1)[3] == 7  # top-k only
+
+
+def test_cpu_top_p_falls_back_to_the_sort_past_the_candidates():
+    """A flat row's nucleus, and a top-k set larger than the candidates, reach past them: the full sort
+    decides (the candidate path says so, and `apply_top_k_top_p` gives the sort's answer)."""
+    from qwick.runner import sampler as sampler_mod
+
+    V = 5000
+    flat = torch.randn(2, V, generator=torch.Generator().manual_seed(5)) * 0.1
+    peaked = _peaked_logits(2, V, seed=6)
+    cases = [
+        (flat, None, torch.tensor([0.9, 0.9])),
+        (peaked, torch.tensor([2000, V]), torch.tensor([0.9, 0.9])),
+        (torch.cat([peaked[:1], flat[:1]]), None, torch.tensor([0.9, 0.5])),
+    ]
+    for logits, top_k, top_p in cases:
+        assert sampler_mod._top_p_among_candidates(logits, top_k, top_p) is None
+        got = apply_top_k_top_p(logits, top_k, 0 if top_k is None else int(top_k.max()), top_p)
+        assert torch.equal(got, sampler_mod._top_k_top_p_by_sort(logits, top_k, top_p))
+    assert (~torch.isinf(got[1])).sum() > sampler_mod.TOP_P_CANDIDATES  # the flat row's nucleus
+
+
 def test_top_k_larger_than_vocab_is_no_op():
     logits = torch.randn(1, 10)
     out, meta = sample([make_req(top_k=1000)], logits)
