@@ -140,3 +140,17 @@ def test_latency_on_dummy_weights_compares_with_transformers_on_the_same_weights
     ]
     assert main(args) == 0
     assert json.loads(out.read_text())["result"]["transformers"]["decode_tokens_per_s"] > 0
+
+
+def test_latency_summary_takes_each_figures_median():
+    """The summary of several latency runs: every figure's own median, not the figures of one run (the run
+    with the median decode step here has the outlying TTFT)."""
+    from qwick.bench.cli import _medians
+
+    runs = [
+        {"ttft_ms": 46.8, "decode_step_ms_median": 4.44},
+        {"ttft_ms": 54.6, "decode_step_ms_median": 4.50},
+        {"ttft_ms": 45.5, "decode_step_ms_median": 4.53},
+        {"ttft_ms": 47.1, "decode_step_ms_median": 4.56},
+    ]
+    assert _medians(runs) == {"ttft_ms": 46.8, "decode_step_ms_median": 4.50}

@@ -349,8 +349,8 @@ def _extend_kernel(
     KV_FP8: tl.constexpr,
     F16_DOT: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(0)  # heads fastest: the launch order is the tile order (`_tiles`) for every head
+    tile = tl.program_id(1)
     kvh = h // group
     row = tl.load(tiles_ptr + 2 * tile)
     m0 = tl.load(tiles_ptr + 2 * tile + 1)
@@ -501,10 +501,23 @@ class TritonAttentionBackend(AttentionBackend):
         return to_device(values, torch.int32, md.seq_lens.device)
 
     def _tiles(self, plan: _TritonPlan, md: AttentionMetadata, block_m: int) -> torch.Tensor:
+        """(row, first query) of every query tile, the most keys first. A causal tile's work grows with
+        the keys it reads (its row's cached context plus its own offset); launching the longest first, with
+        the heads varying fastest in the grid, leaves the short ones for the last wave instead of the long
+        ones of the last heads (longest-processing-time order)."""
         tiles = plan.tiles.get(block_m)
         if tiles is None:
-            flat = [x for i, n in plan.extend_rows for m0 in range(0, n, block_m) for x in (i, m0)]
-            tiles = plan.tiles[block_m] = self._to_dev(flat, md).view(-1, 2)
+            order = sorted(
+                (
+                    (md.seq_lens_cpu[i] - n + m0, i, m0)
+                    for i, n in plan.extend_rows
+                    for m0 in range(0, n, block_m)
+                ),
+                reverse=True,
+            )
+            tiles = plan.tiles[block_m] = self._to_dev([x for _, i, m0 in order for x in (i, m0)], md).view(
+                -1, 2
+            )
         return tiles
 
     def num_splits(self, num_rows: int, num_kv_heads: int, max_seq_len: int) -> int:
@@ -673,7 +686,7 @@ class TritonAttentionBackend(AttentionBackend):
         max_query_len = max(n for _, n in plan.extend_rows)
         cfg = dict(self._extend_cfg(head_dim, q.element_size(), max_query_len))
         tiles = self._tiles(plan, md, cfg["BLOCK_M"])
-        _extend_kernel[(tiles.shape[0], num_heads)](
+        _extend_kernel[(num_heads, tiles.shape[0])](
             q,
             kv_cache[0],
             kv_cache[1],
