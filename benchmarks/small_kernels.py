@@ -14,7 +14,7 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.elementwise import _row_codes, _silu_and_mul_quant_kernel, silu_and_mul  # noqa: E402
+from qwick.kernels.elementwise import silu_and_mul, silu_and_mul_quant  # noqa: E402
 from qwick.kernels.sampling import race_sample  # noqa: E402
 from qwick.layers.linear import RowQuant  # noqa: E402
 
@@ -35,24 +35,7 @@ for rows in (1, 16, 64, 256, 2048, 8192):
     plain = bench(functools.partial(silu_and_mul, x)) * 1e3
     moved = rows * N * (4 + 2 + 1)
     for block, warps in ((1024, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)):
-        out = torch.empty(rows, N, dtype=torch.bfloat16, device="cuda")
-        codes, scales, meta = _row_codes(out, quant)
-
-        def run(x=x, rows=rows, block=block, warps=warps, out=out, codes=codes, scales=scales, meta=meta):
-            _silu_and_mul_quant_kernel[(rows,)](
-                x,
-                out,
-                codes,
-                scales,
-                x.stride(0),
-                out.stride(0),
-                codes.stride(0),
-                N,
-                BLOCK=block,
-                num_warps=warps,
-                **meta,
-            )
-
+        run = functools.partial(silu_and_mul_quant, x, quant, block, warps)
         us = bench(run) * 1e3
         print(
             f"{rows:10d} {block:6d} {warps:5d} {us:8.1f} {moved / us / 1e3:7.0f}   ({plain:.1f})", flush=True

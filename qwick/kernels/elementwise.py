@@ -258,29 +258,30 @@ def _silu_and_mul_quant_kernel(
         tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
 
 
+def silu_and_mul_quant(
+    x: torch.Tensor, quant: RowQuant, block: int = 4096, num_warps: int = 16
+) -> QuantizedRows:
+    """`silu_and_mul` with the output's per-row codes and scales; `block` and `num_warps` are the launch
+    shape (the defaults measured best, `benchmarks/small_kernels.py` sweeps them)."""
+    rows, n = x.shape[0], x.shape[1] // 2
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    codes, scales, meta = _row_codes(out, quant)
+    if rows > 0:
+        _silu_and_mul_quant_kernel[(rows,)](
+            x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), n, BLOCK=block,
+            num_warps=num_warps, **meta,
+        )  # fmt: skip
+    return QuantizedRows(out, codes, scales)
+
+
 def silu_and_mul(x: torch.Tensor, quant: RowQuant | None = None) -> torch.Tensor | QuantizedRows:
     """silu(x[:, :N]) * x[:, N:] for x [rows, 2N]. With `quant`, also the output's per-row codes and scales
     (`QuantizedRows`): one launch where a separate quantization would take another and a second read."""
     rows, two_n = x.shape
     n = two_n // 2
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if quant is not None:
-        codes, scales, meta = _row_codes(out, quant)
-        if rows > 0:
-            _silu_and_mul_quant_kernel[(rows,)](
-                x,
-                out,
-                codes,
-                scales,
-                x.stride(0),
-                out.stride(0),
-                codes.stride(0),
-                n,
-                BLOCK=4096,
-                num_warps=16,
-                **meta,
-            )
-        return QuantizedRows(out, codes, scales)
+        return silu_and_mul_quant(x, quant)
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows == 0:
         return out
     block = min(triton.next_power_of_2(n), 2048)
