@@ -394,7 +394,7 @@ def apply_top_k_top_p(
 
     Top-k keeps every token whose logit is >= the row's k-th largest (ties at the boundary stay).
     Top-p keeps the smallest set of most likely tokens whose probability reaches p (the most likely
-    token always stays).
+    token always stays), and the tokens tied with the least likely of them.
     """
     if top_k is None and top_p is None:
         return logits
@@ -406,7 +406,7 @@ def apply_top_k_top_p(
         kth = kth.masked_fill((top_k >= V).unsqueeze(1), float("-inf"))
         return logits.masked_fill(logits < kth, float("-inf"))
 
-    if not logits.is_cuda:
+    if logits.device.type == "cpu":
         masked = _top_p_among_candidates(logits, top_k, top_p)
         if masked is not None:
             return masked
@@ -416,18 +416,20 @@ def apply_top_k_top_p(
 def _top_k_top_p_by_sort(
     logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
 ) -> torch.Tensor:
-    """Top-k then top-p through one sort of each row (no host sync, so the CUDA path)."""
+    """Top-k then top-p through one sort of each row (no host sync, so the CUDA path). What is kept is
+    every token at least as likely as the least likely one the cumulative mass keeps: a tie with it stays,
+    whatever order the sort gave the tied tokens (bf16 logits tie often), as in `_top_p_among_candidates`."""
     V = logits.shape[1]
-    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
+    asc = logits.sort(dim=-1).values.float()
     if top_k is not None:
-        kth = sorted_logits.gather(1, (V - top_k).unsqueeze(1))
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)
-    cum = probs.cumsum(dim=-1)
-    drop = cum <= (1.0 - top_p).unsqueeze(1)
+        asc = asc.masked_fill(asc < asc.gather(1, (V - top_k).unsqueeze(1)), float("-inf"))
+    cum = asc.softmax(dim=-1).cumsum(dim=-1)
+    drop = (cum <= (1.0 - top_p).unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
     drop[:, -1] = False
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
+    drop |= asc == float("-inf")
+    # The kept tokens are the tail of the ascending order: the threshold is the first of them.
+    threshold = asc.gather(1, (~drop).int().argmax(dim=1, keepdim=True))
+    return logits.masked_fill(logits < threshold, float("-inf"))
 
 
 # CPU top-p: the nucleus is first looked for among each row's largest logits (see `_top_p_among_candidates`).
@@ -443,14 +445,15 @@ def _top_p_among_candidates(
     On a CPU, sorting a 152k vocabulary takes ~10 ms a row (a sixth of the demo model's decode step on two
     cores); `topk` of 1024 under 1 ms. Top-p keeps the most likely tokens while the mass before them is
     below p (the most likely always stays), renormalized over the top-k set when there is one; a tie with
-    the last kept logit stays too, as in top-k. Only for tensors on the host: deciding whether the
-    candidates suffice reads their values, which on a GPU would stall the step on a device sync.
+    the last kept logit stays too, as in top-k and in the sort path, which this matches up to the rounding
+    of the cumulative sums at the boundary. Only for tensors on the host: deciding whether the candidates
+    suffice reads their values, which on a GPU would stall the step on a device sync.
     """
     V = logits.shape[1]
     k0 = min(V, TOP_P_CANDIDATES)
-    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype)
-    vals = logits.topk(k0, dim=1).values  # descending
-    norm = torch.logsumexp(logits, dim=1, keepdim=True)
+    neg_inf = torch.tensor(float("-inf"))
+    vals = logits.topk(k0, dim=1).values.float()  # descending
+    norm = torch.logsumexp(logits.float(), dim=1, keepdim=True)
     floor = neg_inf.expand(logits.shape[0], 1)  # what rows without top-p keep: their top-k set, or all
     if top_k is not None:
         has_k = (top_k < V).unsqueeze(1)
@@ -470,7 +473,7 @@ def _top_p_among_candidates(
     no_p = (top_p >= 1.0).unsqueeze(1)
     if k0 < V and bool((keep[:, -1:] & ~no_p).any()):
         return None  # the nucleus may go on past the candidates
-    inf = torch.tensor(float("inf"), dtype=vals.dtype)
+    inf = torch.tensor(float("inf"))
     threshold = torch.where(no_p, floor, torch.where(keep, vals, inf).amin(dim=1, keepdim=True))
     return logits.masked_fill(logits < threshold, float("-inf"))
 

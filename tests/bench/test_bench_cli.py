@@ -147,10 +147,13 @@ def test_latency_summary_takes_each_figures_median():
     with the median decode step here has the outlying TTFT)."""
     from qwick.bench.cli import _medians
 
+    steps = [4.44, 4.50, 4.53, 4.56]
+    ttfts = [46.8, 54.6, float("nan"), 47.1]  # the third run measured no TTFT
     runs = [
-        {"ttft_ms": 46.8, "decode_step_ms_median": 4.44},
-        {"ttft_ms": 54.6, "decode_step_ms_median": 4.50},
-        {"ttft_ms": 45.5, "decode_step_ms_median": 4.53},
-        {"ttft_ms": 47.1, "decode_step_ms_median": 4.56},
+        {"ttft_ms": t, "decode_step_ms_median": s, "decode_tokens_per_s": 1000 / s}
+        for t, s in zip(ttfts, steps)
     ]
-    assert _medians(runs) == {"ttft_ms": 46.8, "decode_step_ms_median": 4.50}
+    summary = _medians(runs)
+    assert summary["ttft_ms"] == 47.1
+    # an even count: the step and the rate still come from one run
+    assert summary["decode_step_ms_median"] == 4.50 and summary["decode_tokens_per_s"] == 1000 / 4.50

@@ -259,6 +259,27 @@ def test_cpu_top_p_from_candidates_matches_the_sort():
     assert kept.sum(1)[3] == 7  # top-k only
 
 
+def test_top_p_keeps_ties_with_the_last_kept_token_on_both_paths():
+    """bf16 logits tie often. Both top-p paths keep every token tied with the least likely one the mass
+    keeps, whatever order a sort gave the tied tokens, so the CPU and CUDA paths keep the same set."""
+    from qwick.runner import sampler as sampler_mod
+
+    V = 5000
+    logits = torch.full((1, V), -20.0)
+    logits[0, :3] = torch.tensor([5.0, 4.0, 4.0])  # p(5) = 0.58, p(4) = 0.21 each
+    top_p = torch.tensor([0.7])  # reached by the first 4.0: the second 4.0 stays too
+    expected = torch.zeros(V, dtype=torch.bool)
+    expected[:3] = True
+    for path in (sampler_mod._top_p_among_candidates, sampler_mod._top_k_top_p_by_sort):
+        assert torch.equal(~torch.isinf(path(logits, None, top_p)[0]), expected)
+    # Realistic rows rounded to bf16: the two paths agree token for token.
+    peaked = _peaked_logits(16, V, seed=8).bfloat16().float() / 0.7
+    top_p = torch.linspace(0.3, 0.99, 16)
+    fast = sampler_mod._top_p_among_candidates(peaked, None, top_p)
+    assert fast is not None
+    assert torch.equal(fast, sampler_mod._top_k_top_p_by_sort(peaked, None, top_p))
+
+
 def test_cpu_top_p_falls_back_to_the_sort_past_the_candidates():
     """A flat row's nucleus, and a top-k set larger than the candidates, reach past them: the full sort
     decides (the candidate path says so, and `apply_top_k_top_p` gives the sort's answer)."""

@@ -686,6 +686,10 @@ class TritonAttentionBackend(AttentionBackend):
         max_query_len = max(n for _, n in plan.extend_rows)
         cfg = dict(self._extend_cfg(head_dim, q.element_size(), max_query_len))
         tiles = self._tiles(plan, md, cfg["BLOCK_M"])
+        if tiles.shape[0] > 65535:  # CUDA's grid limit along y; 65535 x BLOCK_M >= 2M query tokens
+            raise ValueError(
+                f"{tiles.shape[0]} prefill query tiles in one step; lower max_num_batched_tokens"
+            )
         _extend_kernel[(num_heads, tiles.shape[0])](
             q,
             kv_cache[0],
