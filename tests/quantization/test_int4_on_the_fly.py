@@ -164,6 +164,30 @@ def test_symmetric_variant_and_layer_method():
     assert Int4Config.for_unquantized_checkpoint().linear_method("lm_head", ["lm_head"]) is None
 
 
+def test_cpu_decode_rows_take_the_int4_kernel(monkeypatch):
+    """On the CPU, bf16 rows up to 16 go through torch's int4 GEMM (`formats.cpu_int4`) on a pack made
+    once and kept; a prefill-sized input keeps the reference path; both give the reference's function."""
+    from qwick.quantization.formats import cpu_int4
+
+    if not cpu_int4.available():
+        pytest.skip("this torch has no CPU int4 GEMM")
+    torch.manual_seed(0)
+    method = Int4Config().linear_method("model.layers.0.mlp.down_proj", ["x"])
+    layer = Linear(256, 48, bias=True, method=method)
+    layer.weight.data.copy_(torch.randn(48, 256) * 0.05)
+    method.process_weights_after_loading(layer)
+    packs, calls = [], []
+    real_pack, real_matmul = cpu_int4.pack, cpu_int4.matmul
+    monkeypatch.setattr(cpu_int4, "pack", lambda *a: packs.append(1) or real_pack(*a))
+    monkeypatch.setattr(cpu_int4, "matmul", lambda *a: calls.append(a[0].shape[0]) or real_matmul(*a))
+    for m in (1, 16, 17, 1):
+        x = torch.randn(m, 256).bfloat16()
+        ref = method.apply_reference(layer, x)
+        y = layer(x)
+        assert y.shape == (m, 48) and ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+    assert calls == [1, 16, 1] and len(packs) == 1
+
+
 def test_dummy_weights_quantized_on_the_fly(tiny_qwen2_dir, tmp_path):
     path = str(tmp_path / "dummy")
     make_tiny_model("qwen2", path, **QUANTIZABLE_DIMS)
