@@ -16,7 +16,7 @@ from qwick.loader.demo import demo_model_path
 mode = sys.argv[1]
 if mode == "int4-reference":
     C.supports = lambda *a: False
-q = {"bf16": None, "gguf": "gguf"}.get(mode, "int4")
+q = {"bf16": None, "gguf": "gguf", "int8": "int8", "fp8": "fp8"}.get(mode, "int4")
 llm = LLM(demo_model_path(), max_model_len=1024, quantization=q)
 eng = llm.llm_engine
 prompt = llm.get_tokenizer().encode(

@@ -175,6 +175,31 @@ def test_cuda_path_logic_on_cpu(qdtype, m):
     assert ((y.float() - ref).norm() / ref.norm()).item() < 5e-3
 
 
+def test_cpu_int8_decode_rows_take_the_int8_weight_gemm(monkeypatch):
+    """On the CPU, int8 per-channel layers run bf16 inputs of at most 16 rows as W8A16 through torch's int8
+    weight GEMM (as GPUs do at decode sizes); more rows, other K or dtypes keep the W8A8 reference."""
+    if not hasattr(torch, "_weight_int8pack_mm"):
+        pytest.skip("this torch has no CPU int8 weight GEMM")
+    calls = []
+    real = torch._weight_int8pack_mm
+    monkeypatch.setattr(torch, "_weight_int8pack_mm", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    method = W8A8LinearMethod(torch.int8, checkpoint=False)
+    layer = _layer(method, 288, 384, bias=True, dtype=torch.bfloat16)
+    w16 = method.dense_weight(layer).double()
+    for m in (1, 16, 17):
+        x = (torch.randn(m, 384, generator=torch.Generator().manual_seed(m)) * 3).to(torch.bfloat16)
+        y = layer(x)
+        exact = x.double() @ w16.T + layer.bias.double()  # W8A16
+        rel = ((y.double() - exact).norm() / exact.norm()).item()
+        assert y.dtype == torch.bfloat16 and rel < (1e-2 if m <= 16 else 3e-2), (m, rel)
+    assert calls == [1, 16]
+    odd_k = _layer(W8A8LinearMethod(torch.int8, checkpoint=False), 288, 336, bias=False, dtype=torch.bfloat16)
+    odd_k(torch.randn(1, 336).to(torch.bfloat16))  # K % 64 != 0 (K % 16 != 0 crashes the kernel): not taken
+    fp8 = _layer(W8A8LinearMethod(FP8_DTYPE, checkpoint=False), 288, 384, bias=False, dtype=torch.bfloat16)
+    fp8(torch.randn(1, 384).to(torch.bfloat16))
+    assert calls == [1, 16]
+
+
 def test_mid_m_fp8_gemm_takes_only_long_k_at_17_to_128_rows():
     """The routing rule measured on the H200: the split-K Triton fp8 GEMM serves per-channel fp8 layers with
     K >= 12288 (the down projections) at 16 < M <= 128 rows in bf16/fp16, and nothing else."""
