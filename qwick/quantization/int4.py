@@ -143,10 +143,13 @@ class PackedLinearMethod(LinearMethod):
     def _cpu_pack(self, layer: Linear, weight: QuantizedWeight, dtype: torch.dtype) -> cpu_int4.Int4Pack:
         """The weight in the CPU int4 kernel's layout, made at the first decode-sized call and kept (the
         codes once more, ~half a byte per weight beside the `QuantizedWeight` the other paths read)."""
-        packed = getattr(layer, "cpu_int4_pack", None)
-        if packed is None or packed.scales_zeros.dtype != dtype:
-            packed = layer.cpu_int4_pack = cpu_int4.pack(weight, dtype)
-        return packed
+        # Made again if the layer's tensors were replaced or written in place since (a reload).
+        tensors = (layer.weight, layer.scales, layer.zeros, getattr(layer, "mins", None))
+        stamp = (dtype, *((t.data_ptr(), t._version) for t in tensors if t is not None))
+        cached = getattr(layer, "cpu_int4_pack", None)
+        if cached is None or cached[0] != stamp:
+            cached = layer.cpu_int4_pack = (stamp, cpu_int4.pack(weight, dtype))
+        return cached[1]
 
     def _apply_cuda(self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
         """Batch 1: the CUDA-core GEMV; 2-16 rows: the tensor-core W4A16 kernel; more (prefill, and decode

@@ -254,6 +254,7 @@ class W8A8LinearMethod(LinearMethod):
             and self.skinny_gemm
             and x.shape[1] % 64 == 0
             and hasattr(torch, "_weight_int8pack_mm")
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")  # else slower than dequantizing
         )
 
     def apply_reference(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:

@@ -186,6 +186,12 @@ def test_cpu_decode_rows_take_the_int4_kernel(monkeypatch):
         y = layer(x)
         assert y.shape == (m, 48) and ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
     assert calls == [1, 16, 1] and len(packs) == 1
+    # Weights written in place, as `load_state_dict` does: the next decode packs them again.
+    with torch.no_grad():
+        layer.scales.mul_(2)
+    x = torch.randn(1, 256).bfloat16()
+    y, ref = layer(x), method.apply_reference(layer, x)
+    assert len(packs) == 2 and ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
 
 
 def test_dummy_weights_quantized_on_the_fly(tiny_qwen2_dir, tmp_path):

@@ -4,14 +4,15 @@ The reference path (`reference.dequant_matmul`) dequantizes W for every call. Fo
 activations on this project's 2-core Xeon that made `quantization="int4"` 6x slower than bf16 weights (368
 ms per demo-model step against 64). torch's int4 kernel reads the codes as they are: qwen2.5-0.5b-shaped
 decoder layers take 15.8 ms per token against 45.9 through oneDNN's bf16 GEMM (all 24 layers, weights out of
-cache). The kernel's time grows with the rows (16 rows cost 6x one), and it is ~20x slower with fp32
-activations, so it serves bf16/fp16 inputs of at most `MAX_ROWS` rows; the rest keeps the reference path.
+cache). The kernel's time grows with the rows (16 rows cost 6x one), and it is 20-40x slower with fp32 or
+fp16 activations, so it serves bf16 inputs of at most `MAX_ROWS` rows; the rest keeps the reference path.
 
 The kernel's weight is W = (q - 8) * scale + zero per group of K, scale and zero in the activations' dtype,
 N a multiple of 16, groups of 32-256. `QuantizedWeight`'s three forms map onto it exactly in float32:
 (q - z) * s  ->  zero = (8 - z) * s;  q * s - m  ->  zero = 8 * s - m. In bf16 the scale and zero are
 rounded once (8 mantissa bits, like a bf16 weight), so results match the reference to bf16 rounding, not
-bit for bit.
+bit for bit. The layer keeps this copy of the codes beside its `QuantizedWeight` (half a byte per weight
+more), made at its first decode-sized call.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from qwick.quantization.formats.layout import QuantizedWeight, unpack_along_k
 
 MAX_ROWS = 16
 GROUP_SIZES = (32, 64, 128, 256)
-DTYPES = (torch.bfloat16, torch.float16)
+# fp16 inputs are 20-40x slower in this kernel than bf16 (slower than dequantizing), and so is everything
+# on CPUs without AVX2 (torch's "default" kernels): those keep the reference path.
+DTYPES = (torch.bfloat16,)
+FAST_CPUS = ("AVX2", "AVX512")
 
 
 @dataclass(frozen=True)
@@ -38,9 +42,13 @@ class Int4Pack:
 
 
 def available() -> bool:
-    return hasattr(torch, "_weight_int4pack_mm_for_cpu") and hasattr(
-        torch, "_convert_weight_to_int4pack_for_cpu"
-    )
+    """torch has the kernel, and this CPU runs its vectorized build."""
+    kernels = ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu")
+    return all(hasattr(torch, name) for name in kernels) and fast_cpu()
+
+
+def fast_cpu() -> bool:
+    return torch.backends.cpu.get_cpu_capability() in FAST_CPUS
 
 
 def supports(weight: QuantizedWeight, x: torch.Tensor) -> bool:
