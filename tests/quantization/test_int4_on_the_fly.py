@@ -164,6 +164,21 @@ def test_symmetric_variant_and_layer_method():
     assert Int4Config.for_unquantized_checkpoint().linear_method("lm_head", ["lm_head"]) is None
 
 
+def test_cpu_int4_packs_are_made_at_startup(int4_model):
+    """A bf16 int4 model on the CPU repacks its layers for the int4 kernel while starting (one 1-token
+    forward), not on the first request's first token; an fp32 model, which never uses the kernel, does not."""
+    from qwick.quantization.formats import cpu_int4
+    from qwick.quantization.int4 import PackedLinearMethod
+
+    if not cpu_int4.available():
+        pytest.skip("this torch or CPU has no fast CPU int4 GEMM")
+    path, _, _ = int4_model
+    for dtype, packed in (("bfloat16", True), ("float32", False)):
+        model = _llm(path, dtype, quantization="int4").llm_engine.core.runner.model
+        layers = [m for m in model.modules() if isinstance(getattr(m, "method", None), PackedLinearMethod)]
+        assert layers and all((getattr(m, "cpu_int4_pack", None) is not None) == packed for m in layers)
+
+
 def test_cpu_decode_rows_take_the_int4_kernel(monkeypatch):
     """On the CPU, bf16 rows up to 16 go through torch's int4 GEMM (`formats.cpu_int4`) on a pack made
     once and kept; a prefill-sized input keeps the reference path; both give the reference's function."""
