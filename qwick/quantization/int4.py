@@ -13,7 +13,7 @@ int32). `process_weights_after_loading` converts the fused tensors once into `Qu
     perm     int64 [K]        only for act-order (desc_act) GPTQ: x is gathered by it
 
 `apply`: dequantize, then matmul (`formats.reference.dequant_matmul`: the CPU path and the reference);
-on CPUs, 4-bit weights at decode sizes in bf16/fp16 go through torch's int4 GEMM instead
+on CPUs with AVX2/AVX-512, 4-bit weights at decode sizes in bf16 go through torch's int4 GEMM instead
 (`formats.cpu_int4`, ~10x faster than dequantizing every call).
 On CUDA with bf16/fp16 activations, kernels that compute the same dequantized weights: one row (batch-1
 decode) the CUDA-core GEMV of `qwick.kernels.row_gemv`, 2-16 rows the tensor-core W4A16 kernel
@@ -141,8 +141,9 @@ class PackedLinearMethod(LinearMethod):
         return y.reshape(*shape[:-1], y.shape[-1])
 
     def _cpu_pack(self, layer: Linear, weight: QuantizedWeight, dtype: torch.dtype) -> cpu_int4.Int4Pack:
-        """The weight in the CPU int4 kernel's layout, made at the first decode-sized call and kept (the
-        codes once more, ~half a byte per weight beside the `QuantizedWeight` the other paths read)."""
+        """The weight in the CPU int4 kernel's layout, made at the first decode-sized call (the runner's
+        startup warm-up) and kept (the codes once more, ~half a byte per weight beside the
+        `QuantizedWeight` the other paths read)."""
         # Made again if the layer's tensors were replaced or written in place since (a reload).
         tensors = (layer.weight, layer.scales, layer.zeros, getattr(layer, "mins", None))
         stamp = (dtype, *((t.data_ptr(), t._version) for t in tensors if t is not None))

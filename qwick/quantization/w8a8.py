@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qwick.layers.linear import Linear, LinearMethod, QuantizedRows, RowQuant, linear
+from qwick.quantization.formats import cpu_int4
 
 FP8_DTYPE = torch.float8_e4m3fn
 _QMAX = {FP8_DTYPE: 448.0, torch.int8: 127.0}
@@ -254,7 +255,7 @@ class W8A8LinearMethod(LinearMethod):
             and self.skinny_gemm
             and x.shape[1] % 64 == 0
             and hasattr(torch, "_weight_int8pack_mm")
-            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")  # else slower than dequantizing
+            and cpu_int4.fast_cpu()  # else slower than dequantizing
         )
 
     def apply_reference(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:

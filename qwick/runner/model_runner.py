@@ -142,7 +142,7 @@ class ModelRunner:
             self._run_worst_step()
         if self.device.type == "cuda":
             self._compile_serving_kernels()
-        elif self.model_has_cpu_repacks():
+        elif self._has_cpu_int4_layers():
             self._warm_up_cpu_decode()
 
     # ---- CUDA graphs ---------------------------------------------------------------------------------
@@ -190,10 +190,14 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         logger.info("compiled the serving kernels in %.1f s", time.perf_counter() - t0)
 
-    def model_has_cpu_repacks(self) -> bool:
-        """Whether some layer repacks its weight for a CPU decode kernel at its first decode-sized call."""
+    def _has_cpu_int4_layers(self) -> bool:
+        """Whether some layer will repack its weight for torch's CPU int4 GEMM at its first decode-sized
+        call (4-bit layers of a bf16 model, on a CPU that runs the kernel)."""
+        from qwick.quantization.formats import cpu_int4
         from qwick.quantization.int4 import PackedLinearMethod
 
+        if self.dtype != torch.bfloat16 or not cpu_int4.available():
+            return False
         return any(isinstance(getattr(m, "method", None), PackedLinearMethod) for m in self.model.modules())
 
     @torch.inference_mode()

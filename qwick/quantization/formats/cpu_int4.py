@@ -17,6 +17,7 @@ more), made at its first decode-sized call.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -41,13 +42,17 @@ class Int4Pack:
     perm: torch.Tensor | None
 
 
+@functools.cache
 def available() -> bool:
-    """torch has the kernel, and this CPU runs its vectorized build."""
+    """torch has the kernel, and this CPU runs its vectorized build (asked once: `supports` runs per call)."""
     kernels = ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu")
     return all(hasattr(torch, name) for name in kernels) and fast_cpu()
 
 
+@functools.cache
 def fast_cpu() -> bool:
+    """Whether torch's CPU kernels run vectorized here (its weight-only int4 and int8 GEMMs are slower than
+    dequantizing without AVX2)."""
     return torch.backends.cpu.get_cpu_capability() in FAST_CPUS
 
 
