@@ -28,6 +28,7 @@ def _gemv_kernel(
     x_ptr,
     w_ptr,
     s_ptr,
+    xs_ptr,
     b_ptr,
     y_ptr,
     ws_ptr,
@@ -39,6 +40,8 @@ def _gemv_kernel(
     stride_wn,
     stride_ym,
     HAS_SCALE: tl.constexpr,
+    X_CODES: tl.constexpr,
+    INT_DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -58,14 +61,20 @@ def _gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rm[:, None] * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT else tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
-        # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
-        # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+        if X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
+            acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
+        else:
+            # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
+            # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+    acc = acc.to(tl.float32)
     if HAS_SCALE:  # per-output-channel scales of 8-bit weights
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    if X_CODES:  # per-row scales of the activation codes
+        acc *= tl.load(xs_ptr + rm, mask=m_ok, other=0.0)[:, None]
     split_k_epilogue(
         acc,
         b_ptr,
@@ -239,18 +248,28 @@ def gemv(
     ws: GemvWorkspace,
     config: GemvConfig | None = None,
     weight_scale: torch.Tensor | None = None,
+    x_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """`x @ weight.T + bias` for x [M <= 16, K] (unit stride along K), weight [N, K] contiguous.
 
     `weight_scale` (fp32, one per output channel): `weight` holds fp8 / int8 codes, and the result is
     `(x @ codes.T) * weight_scale.T + bias`. This is W8A16: at decode sizes reading the 8-bit weights is
-    the whole cost, and leaving the activations unquantized saves a quantization launch per layer."""
+    the whole cost, and leaving the activations unquantized saves a quantization launch per layer.
+
+    `x_scale` (fp32 [M, 1]): x holds codes of the weight's 8-bit type too (W8A8), the result is
+    `(codes_x @ codes.T) * x_scale * weight_scale.T + bias` in `out_dtype`, with int8 sums exact in int32."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= MAX_M and weight.shape[1] == k and x.stride(1) == 1 and weight.stride(1) == 1
-    assert (weight_scale is None) == (weight.dtype == x.dtype), "8-bit weights need their scales"
+    if x_scale is None:
+        assert (weight_scale is None) == (weight.dtype == x.dtype), "8-bit weights need their scales"
+        out_dtype = x.dtype
+    else:
+        assert weight_scale is not None and x.dtype == weight.dtype and x_scale.numel() == m
+        assert out_dtype is not None, "W8A8 needs the output dtype"
     assert weight_scale is None or weight_scale.numel() == n
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return y
     cfg = config or ws.config_for(m, n, k, weight.element_size())
@@ -261,6 +280,7 @@ def gemv(
         x,
         weight,
         weight_scale if weight_scale is not None else weight,
+        x_scale if x_scale is not None else weight,
         bias if bias is not None else weight,
         y,
         ws.partials,
@@ -272,6 +292,8 @@ def gemv(
         weight.stride(0),
         y.stride(0),
         HAS_SCALE=weight_scale is not None,
+        X_CODES=x_scale is not None,
+        INT_DOT=x_scale is not None and x.dtype == torch.int8,
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k,
         BLOCK_M=MAX_M,

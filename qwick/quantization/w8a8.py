@@ -22,9 +22,11 @@ What each path computes:
 - CUDA, fp8 per channel at 16 < M <= `rowwise_max_m` with a long K (the down projections at mid-size
   batches and short prompts), where cuBLAS's 128 x 128 output tiles are fewer than the SMs: a split-K
   Triton GEMM on the fp8 codes (`qwick.kernels.w8a8.rowwise_fp8_mm`), which keeps every SM streaming;
-- CUDA, decode-sized bf16/fp16 inputs (M <= 16), per-channel scales: `x @ dequant(W).T + b` instead
-  (W8A16), by the skinny split-K GEMM of `qwick.kernels.gemv` streaming the 8-bit codes. A decode step is
-  bound by reading the weights, so quantizing the activations there would only add a launch per layer.
+- CUDA, decode-sized bf16/fp16 inputs (M <= 16), per-channel scales: the skinny split-K GEMM of
+  `qwick.kernels.gemv` streaming the 8-bit codes. Where the producing kernel wrote the per-token codes
+  (`decode_w8a8`), it multiplies codes by codes on the tensor cores (W8A8, as every other size); the input
+  of the output projection comes without codes and there it computes `x @ dequant(W).T + b` (W8A16): a
+  separate quantization launch would cost what the faster GEMM saves.
   On CPUs, int8 per channel with bf16 inputs of at most 16 rows does the same (W8A16) through torch's
   int8 weight GEMM (`torch._weight_int8pack_mm`).
 
@@ -119,6 +121,13 @@ class W8A8LinearMethod(LinearMethod):
     # unquantized activations (qwick.kernels.gemv, W8A16) instead of quantizing the activations for cuBLAS;
     # False keeps `_scaled_mm` / `_int_mm` (W8A8) for every M.
     skinny_gemm = True
+    # Decode-sized inputs that come with their per-token codes (written by the RMSNorm before QKV and
+    # gate/up, by SiLU-and-mul before down): the skinny GEMM takes codes times codes (W8A8), with no
+    # conversion of the weight codes to bf16 and half the shared memory. On the H200 at qwen2.5-7b shapes
+    # and M = 1, fp8: gate/up 53.3 -> 45.3 us, down 31.4 -> 28.6, QKV 14.4 -> 12.0
+    # (benchmarks/w8a8_gemv_sweep.py). The numbers are those of every larger batch and of the prompt,
+    # whose activations are quantized too. False keeps W8A16 at decode sizes.
+    decode_w8a8 = True
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 / 43 us at M = 17 / 32 / 64 / 128
@@ -292,7 +301,7 @@ class W8A8LinearMethod(LinearMethod):
         return quantize_rows(x.contiguous(), self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
 
     def _skinny(self, x: torch.Tensor) -> bool:
-        """Decode-sized bf16/fp16 rows with per-channel scales: W8A16 through the skinny GEMM."""
+        """Decode-sized bf16/fp16 rows with per-channel scales: the skinny GEMM (W8A8 or W8A16)."""
         skinny = x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16)
         return self.block is None and skinny and self.skinny_gemm and self.workspace is not None
 
@@ -307,12 +316,15 @@ class W8A8LinearMethod(LinearMethod):
         return k >= self.rowwise_min_k and -(-m // 128) * -(-n // 128) < self.workspace.num_sms
 
     def _per_token_cuda(self, layer: Linear, x: torch.Tensor) -> bool:
-        """Whether `_apply_cuda` quantizes `x` per token (the cuBLAS `_scaled_mm` / `_int_mm` paths)."""
+        """Whether `_apply_cuda` takes `x` as per-token codes (the cuBLAS `_scaled_mm` / `_int_mm` paths; at
+        decode sizes the skinny GEMM, if `decode_w8a8`)."""
         n, k = layer.weight.shape
         if x.device.type != "cuda" or self.block is not None or not self.quantize_activations:
             return False
-        if x.shape[0] == 0 or self._skinny(x):
+        if x.shape[0] == 0:
             return False
+        if self._skinny(x):
+            return self.decode_w8a8
         align = 16 if self.qdtype == FP8_DTYPE else 8
         return k % align == 0 and n % align == 0
 
@@ -332,11 +344,23 @@ class W8A8LinearMethod(LinearMethod):
         if x.shape[0] == 0:
             return x.new_empty(0, n)
         if self._skinny(x):
-            # Decode: stream the 8-bit codes against the unquantized activations (W8A16).
+            # Decode: stream the 8-bit codes against the activation codes (W8A8) where the producing
+            # kernel wrote them, else against the unquantized activations (W8A16).
             from qwick.kernels.gemv import gemv
 
             scale = self.weight_scale(layer)
-            return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
+            if codes is None:
+                return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
+            xq, xs = codes
+            return gemv(
+                xq,
+                layer.weight,
+                layer.bias,
+                self.workspace,
+                weight_scale=scale,
+                x_scale=xs,
+                out_dtype=x.dtype,
+            )
         if not self.quantize_activations:
             return self.apply_reference(layer, x)
         if self.block is not None:

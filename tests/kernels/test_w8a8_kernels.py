@@ -109,6 +109,30 @@ def test_gpu_w8a8_matches_dequantized_float64(mode, n, k, m):
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
 @pytest.mark.parametrize("n,k", SHAPES[:4])
 @pytest.mark.parametrize("m", [1, 7, 16])
+def test_gpu_decode_sizes_with_codes_are_w8a8(mode, n, k, m):
+    """Decode-sized inputs that come with their codes (as the norm and SiLU kernels write them) go through
+    the skinny GEMM as codes times codes: the per-token-quantized function, not W8A16's."""
+    from qwick.kernels.w8a8 import quantize_rows
+    from qwick.layers.linear import QuantizedRows
+    from qwick.quantization.w8a8 import _MIN_AMAX, qmax
+
+    device = _cuda()
+    layer = _layer(mode, n, k, device)
+    assert layer.input_quant(torch.zeros(m, k, device=device, dtype=torch.bfloat16)) is not None
+    x = torch.randn(m, k, device=device, generator=torch.Generator(device=device).manual_seed(m))
+    x = (x * torch.linspace(0.1, 3, k, device=device)).to(torch.bfloat16)
+    xq, xs = quantize_rows(x, layer.method.qdtype, qmax(layer.method.qdtype), _MIN_AMAX)
+    y = layer(QuantizedRows(x, xq, xs))
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n) and torch.isfinite(y).all()
+    ref = (xq.double() * xs.double()) @ layer.method.dense_weight(layer).double().T + layer.bias.double()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
+    w8a16 = x.double() @ layer.method.dense_weight(layer).double().T + layer.bias.double()
+    assert ((y.double() - w8a16).norm() / w8a16.norm()).item() > 1e-3  # really the codes, not x
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+@pytest.mark.parametrize("n,k", SHAPES[:4])
+@pytest.mark.parametrize("m", [1, 7, 16])
 def test_gpu_cublas_paths_at_decode_sizes(mode, n, k, m, monkeypatch):
     """With the skinny kernel off, decode-sized inputs go through `_scaled_mm` / padded `_int_mm`."""
     monkeypatch.setattr(W8A8LinearMethod, "skinny_gemm", False)
@@ -205,6 +229,34 @@ def test_gemv_on_8bit_weights(qdtype, n, k, m):
             y = gemv(x, wq, bias, ws, cfg, weight_scale=wscale)
             ref = x.double() @ (wq.double() * wscale.double()).T + bias.double()
             assert y.dtype == x_dtype and torch.isfinite(y).all()
+            assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
+    assert int(ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
+@pytest.mark.parametrize("n,k", GEMV_SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_gemv_on_8bit_codes_both_sides(qdtype, n, k, m):
+    """The skinny GEMM with activation codes too (W8A8): codes times codes, then the per-row and
+    per-channel scales and the bias; int8 sums exact; split-K launch shapes; a second call."""
+    from qwick.kernels.gemv import GemvConfig, default_config, gemv
+    from qwick.quantization.w8a8 import quantize_weight_per_channel
+
+    if INTERPRET:
+        dev, out_dtype, tol = torch.device("cpu"), torch.float32, 1e-6
+    else:
+        dev, out_dtype, tol = _cuda(), torch.bfloat16, 5e-3
+    ws = gemv_workspace(dev)
+    gen = torch.Generator(device=dev).manual_seed(n * k + m + 1)
+    wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev), qdtype)
+    bias = torch.randn(n, generator=gen, device=dev).to(out_dtype)
+    default = default_config(m, n, k, ws.num_sms, w_bytes=1)
+    for cfg in (default, GemvConfig(16, 128, 1), GemvConfig(32, 256, 4)):
+        for _ in range(2):
+            xq, xs = quantize_per_token(torch.randn(m, k, generator=gen, device=dev), qdtype)
+            y = gemv(xq, wq, bias, ws, cfg, weight_scale=wscale, x_scale=xs, out_dtype=out_dtype)
+            ref = (xq.double() @ wq.double().T) * xs.double() * wscale.double().view(1, -1) + bias.double()
+            assert y.dtype == out_dtype and y.shape == (m, n) and torch.isfinite(y).all()
             assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
     assert int(ws.counters.abs().sum()) == 0
 

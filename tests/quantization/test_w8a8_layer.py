@@ -250,8 +250,8 @@ def test_quantized_rows_on_the_cpu_take_the_plain_path():
 @pytest.mark.gpu
 @pytest.mark.parametrize("qdtype", QDTYPES)
 def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
-    """Per-token codes are asked for exactly where `_apply_cuda` would quantize per token itself: not at
-    decode sizes in bf16 (W8A16 skinny GEMM), not for block scales, not for weight-only methods."""
+    """Per-token codes are asked for exactly where `_apply_cuda` takes them: at decode sizes in bf16 only
+    with `decode_w8a8` (else the W8A16 skinny GEMM), not for block scales, not for weight-only methods."""
     from qwick.layers.linear import RowQuant
     from qwick.quantization.w8a8 import _MIN_AMAX, qmax
 
@@ -263,6 +263,8 @@ def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
     layer = _layer(method, 288, 320, bias=False, dtype=torch.bfloat16).cuda()
     method.workspace = shared_workspace(torch.device("cuda"))  # what loading on the GPU sets up
     rows = lambda m, dtype=torch.bfloat16: torch.zeros(m, 320, dtype=dtype, device="cuda")  # noqa: E731
+    assert layer.input_quant(rows(16)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
+    method.decode_w8a8 = False
     assert layer.input_quant(rows(16)) is None
     assert layer.input_quant(rows(17)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
     assert layer.input_quant(rows(1, torch.float32)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
