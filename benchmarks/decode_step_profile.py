@@ -1,4 +1,7 @@
-"""Where a batch-1 decode step's time goes at a real shape: graph replay, logits, sampler, host."""
+"""Where a batch-1 decode step's time goes at a real shape: graph replay, logits, sampler, host.
+
+Env: QUANT=fp8|int8|int4 (weights), DECODE_W8A8=0 (8-bit decode as W8A16), BATCHES=8,16,64 (step times
+at larger batches; empty skips them), GEMV_TABLE (a JSON of launch shapes), OUT (a Chrome trace)."""
 
 import cProfile
 import io
@@ -25,15 +28,24 @@ if tab and os.path.exists(tab):
         table = json.load(f)
     orig = G.default_config
 
-    def dc(m, n, k, sms):
+    def dc(m, n, k, sms, *rest):
         e = table.get(f"{n}x{k}/{m}")
-        return G.GemvConfig(**e["cfg"]) if e else orig(m, n, k, sms)
+        return G.GemvConfig(**e["cfg"]) if e else orig(m, n, k, sms, *rest)
 
     G.default_config = dc
     print("using tuned GEMV table", flush=True)
 shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-7b"
 t0 = time.perf_counter()
-llm = LLM(model_dir_for_shape(shape), load_format="dummy", max_model_len=4096)
+if os.environ.get("DECODE_W8A8") == "0":  # fp8 / int8 decode as W8A16 everywhere
+    from qwick.quantization.w8a8 import W8A8LinearMethod
+
+    W8A8LinearMethod.decode_w8a8 = False
+llm = LLM(
+    model_dir_for_shape(shape),
+    load_format="dummy",
+    max_model_len=4096,
+    quantization=os.environ.get("QUANT") or None,  # QUANT=fp8|int8|int4
+)
 print(f"{shape}: startup {time.perf_counter() - t0:.1f} s", flush=True)
 eng = llm.llm_engine
 runner = eng.core.runner
@@ -112,7 +124,7 @@ if out:
     prof.export_chrome_trace(os.path.join(out, f"trace_{shape}.json"))
 while eng.has_unfinished_requests():
     eng.step()
-for bs in (8, 16, 64):
+for bs in [int(b) for b in os.environ.get("BATCHES", "8,16,64").split(",") if b]:
     ts = run(64, bs)
     med = statistics.median(ts[3:])
     print(f"bs {bs}: step {med * 1e3:.2f} ms -> {bs / med:.0f} tok/s", flush=True)

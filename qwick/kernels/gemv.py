@@ -162,7 +162,7 @@ class GemvConfig:
     num_stages: int = 4
 
 
-def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2) -> GemvConfig:
+def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2, codes: bool = False) -> GemvConfig:
     """The launch shape for an [m, k] x [n, k]^T product, from a sweep on the H200 (benchmarks/gemv_sweep.py).
 
     The landscape is flat (the best of 48 shapes within 1-3% of these picks, on every qwen2.5-7b and -14b
@@ -172,6 +172,9 @@ def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2) -> Ge
     conversion to the activation dtype limits them: a CUDA-core variant without tensor cores or shared
     memory is no faster (benchmarks/row_gemv_sweep.py, BENCHMARKS.md).
     """
+    if codes:  # 8-bit codes times 8-bit activation codes (benchmarks/w8a8_gemv_sweep.py, M = 1): 64 x 256
+        # tiles, three stages, within 2% of the best of 12-36 launch shapes on every 7b layer (fp8 and int8)
+        return GemvConfig(64, 256, 1 if n >= 16384 else (8 if k >= 12288 else 4), num_stages=3)
     if w_bytes == 1:  # fp8 / int8 codes: 32 x 256 tiles won at every 7b shape (WEIGHT=fp8|int8 sweeps)
         if n >= 16384:
             return GemvConfig(32, 256, 1, num_stages=4)
@@ -219,11 +222,11 @@ class GemvWorkspace:
         if not self.fits(split_k, rows, n, tiles):
             raise ValueError(f"split-K workspace too small for {what} at N={n}")
 
-    def config_for(self, m: int, n: int, k: int, w_bytes: int = 2) -> GemvConfig:
-        key = (triton.next_power_of_2(m), n, k, w_bytes)
+    def config_for(self, m: int, n: int, k: int, w_bytes: int = 2, codes: bool = False) -> GemvConfig:
+        key = (triton.next_power_of_2(m), n, k, w_bytes, codes)
         cfg = self.configs.get(key)
         if cfg is None:
-            cfg = self.configs[key] = default_config(key[0], n, k, self.num_sms, w_bytes)
+            cfg = self.configs[key] = default_config(key[0], n, k, self.num_sms, w_bytes, codes)
         return cfg
 
 
@@ -272,7 +275,7 @@ def gemv(
     y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return y
-    cfg = config or ws.config_for(m, n, k, weight.element_size())
+    cfg = config or ws.config_for(m, n, k, weight.element_size(), x_scale is not None)
     tiles = triton.cdiv(n, cfg.block_n)
     ws.check(cfg.split_k, MAX_M, n, tiles, cfg)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k

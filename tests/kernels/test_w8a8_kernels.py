@@ -250,7 +250,7 @@ def test_gemv_on_8bit_codes_both_sides(qdtype, n, k, m):
     gen = torch.Generator(device=dev).manual_seed(n * k + m + 1)
     wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev), qdtype)
     bias = torch.randn(n, generator=gen, device=dev).to(out_dtype)
-    default = default_config(m, n, k, ws.num_sms, w_bytes=1)
+    default = default_config(m, n, k, ws.num_sms, w_bytes=1, codes=True)
     for cfg in (default, GemvConfig(16, 128, 1), GemvConfig(32, 256, 4)):
         for _ in range(2):
             xq, xs = quantize_per_token(torch.randn(m, k, generator=gen, device=dev), qdtype)
