@@ -91,11 +91,13 @@ def rms_norm(
     eps: float,
     residual: torch.Tensor | None = None,
     quant: RowQuant | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor | QuantizedRows:
     """`norm(x)`; with `residual`: `norm(x + residual)`, and `residual` is overwritten with `x + residual`.
     With `quant`, also the output's per-row codes and scales (`QuantizedRows`), in the same pass.
 
     x: [rows, N] with unit stride along N (row stride free); residual: [rows, N], updated in place.
+    `num_warps` overrides the launch's (one program per row, `N / 256` warps up to 8).
     """
     rows, n = x.shape
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
@@ -119,7 +121,7 @@ def rms_norm(
             HAS_RESIDUAL=residual is not None,
             QUANT=quant is not None,
             BLOCK=block,
-            num_warps=min(max(block // 256, 1), 8),
+            num_warps=num_warps or min(max(block // 256, 1), 8),
             **meta,
         )
     return out if quant is None else QuantizedRows(out, codes, scales)

@@ -24,9 +24,10 @@ What each path computes:
   Triton GEMM on the fp8 codes (`qwick.kernels.w8a8.rowwise_fp8_mm`), which keeps every SM streaming;
 - CUDA, decode-sized bf16/fp16 inputs (M <= 16), per-channel scales: the skinny split-K GEMM of
   `qwick.kernels.gemv` streaming the 8-bit codes. Where the producing kernel wrote the per-token codes
-  (`decode_w8a8`), it multiplies codes by codes on the tensor cores (W8A8, as every other size); the input
-  of the output projection comes without codes and there it computes `x @ dequant(W).T + b` (W8A16): a
-  separate quantization launch would cost what the faster GEMM saves.
+  (`decode_w8a8`: QKV and gate/up, after the RMSNorms), it multiplies codes by codes on the tensor cores
+  (W8A8, as every other size). The output projection's input comes without codes, and the down
+  projection's would cost more to quantize than it saves (`decode_w8a8_max_k`): there it computes
+  `x @ dequant(W).T + b` (W8A16).
   On CPUs, int8 per channel with bf16 inputs of at most 16 rows does the same (W8A16) through torch's
   int8 weight GEMM (`torch._weight_int8pack_mm`).
 
@@ -128,6 +129,11 @@ class W8A8LinearMethod(LinearMethod):
     # (benchmarks/w8a8_gemv_sweep.py). The numbers are those of every larger batch and of the prompt,
     # whose activations are quantized too. False keeps W8A16 at decode sizes.
     decode_w8a8 = True
+    # ... but only for K <= decode_w8a8_max_k: at a few rows the producing kernel quantizes each row in one
+    # program, and over the down projection's 18944 columns SiLU-and-mul took 8.3 us with codes against
+    # 1.8 without, more than the W8A8 GEMV saves there (~3 us); the RMSNorms cost 5.0 against 2.0 us for
+    # 2.4-8 us saved (an int8 decode-step profile on the H200, benchmarks/decode_step_profile.py).
+    decode_w8a8_max_k = 8192
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 / 43 us at M = 17 / 32 / 64 / 128
@@ -324,7 +330,7 @@ class W8A8LinearMethod(LinearMethod):
         if x.shape[0] == 0:
             return False
         if self._skinny(x):
-            return self.decode_w8a8
+            return self.decode_w8a8 and k <= self.decode_w8a8_max_k
         align = 16 if self.qdtype == FP8_DTYPE else 8
         return k % align == 0 and n % align == 0
 

@@ -109,7 +109,7 @@ def test_gpu_w8a8_matches_dequantized_float64(mode, n, k, m):
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
 @pytest.mark.parametrize("n,k", SHAPES[:4])
 @pytest.mark.parametrize("m", [1, 7, 16])
-def test_gpu_decode_sizes_with_codes_are_w8a8(mode, n, k, m):
+def test_gpu_decode_sizes_with_codes_are_w8a8(mode, n, k, m, monkeypatch):
     """Decode-sized inputs that come with their codes (as the norm and SiLU kernels write them) go through
     the skinny GEMM as codes times codes: the per-token-quantized function, not W8A16's."""
     from qwick.kernels.w8a8 import quantize_rows
@@ -117,6 +117,7 @@ def test_gpu_decode_sizes_with_codes_are_w8a8(mode, n, k, m):
     from qwick.quantization.w8a8 import _MIN_AMAX, qmax
 
     device = _cuda()
+    monkeypatch.setattr(W8A8LinearMethod, "decode_w8a8_max_k", 1 << 20)  # the down projection too
     layer = _layer(mode, n, k, device)
     assert layer.input_quant(torch.zeros(m, k, device=device, dtype=torch.bfloat16)) is not None
     x = torch.randn(m, k, device=device, generator=torch.Generator(device=device).manual_seed(m))

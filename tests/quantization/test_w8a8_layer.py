@@ -264,6 +264,11 @@ def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
     method.workspace = shared_workspace(torch.device("cuda"))  # what loading on the GPU sets up
     rows = lambda m, dtype=torch.bfloat16: torch.zeros(m, 320, dtype=dtype, device="cuda")  # noqa: E731
     assert layer.input_quant(rows(16)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
+    long_k = W8A8LinearMethod(qdtype, checkpoint=False)  # a down projection: W8A16 at decode sizes
+    long_layer = _layer(long_k, 64, 12288, bias=False, dtype=torch.bfloat16).cuda()
+    long_k.workspace = method.workspace
+    assert long_layer.input_quant(torch.zeros(16, 12288, dtype=torch.bfloat16, device="cuda")) is None
+    assert long_layer.input_quant(torch.zeros(17, 12288, dtype=torch.bfloat16, device="cuda")) is not None
     method.decode_w8a8 = False
     assert layer.input_quant(rows(16)) is None
     assert layer.input_quant(rows(17)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
