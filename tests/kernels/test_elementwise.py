@@ -98,10 +98,13 @@ QUANT_DTYPES = [torch.int8] if INTERPRET else [torch.float8_e4m3fn, torch.int8] 
 @pytest.mark.parametrize("qdtype", QUANT_DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", ["norm", "norm+residual", "silu"])
-def test_fused_row_quantization(op, dtype, qdtype):
+@pytest.mark.parametrize("rows", [5, 20])
+def test_fused_row_quantization(op, dtype, qdtype, rows):
     """RMSNorm and SiLU-and-mul that also write their output's per-token codes: the same output as without,
     and codes and scales bit-identical to quantizing that output with the torch oracle (an all-zero row,
-    and rows spanning several of the SiLU kernel's column blocks, included)."""
+    and rows spanning several of the SiLU kernel's column blocks, included). At <= 16 rows the RMSNorm
+    with codes runs more warps per row, whose sum of squares may round differently in its last bit: there
+    the output agrees with the plain one to one rounding step."""
     from qwick.kernels.elementwise import rms_norm, silu_and_mul
     from qwick.layers.linear import QuantizedRows, RowQuant
     from qwick.quantization.w8a8 import _MIN_AMAX, qmax, quantize_per_token
@@ -110,13 +113,13 @@ def test_fused_row_quantization(op, dtype, qdtype):
     quant = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
     g = torch.Generator(device=dev).manual_seed(3)
     if op == "silu":
-        x = torch.randn(5, 2 * 2500, device=dev, generator=g).to(dtype) * 3
+        x = torch.randn(rows, 2 * 2500, device=dev, generator=g).to(dtype) * 3
         x[1] = 0.0
         plain, fused = silu_and_mul(x), silu_and_mul(x, quant)
     else:
-        x = torch.randn(5, 896, device=dev, generator=g).to(dtype)
+        x = torch.randn(rows, 896, device=dev, generator=g).to(dtype)
         weight = torch.randn(896, device=dev, generator=g).to(dtype)
-        res = torch.randn(5, 896, device=dev, generator=g).to(dtype) if op == "norm+residual" else None
+        res = torch.randn(rows, 896, device=dev, generator=g).to(dtype) if op == "norm+residual" else None
         if res is not None:
             res[1] = -x[1]  # x + residual = 0: an all-zero row
         else:
@@ -127,9 +130,12 @@ def test_fused_row_quantization(op, dtype, qdtype):
         if res is not None:
             assert torch.equal(res_fused, res)
     assert isinstance(fused, QuantizedRows)
-    assert torch.equal(fused.x, plain)
-    codes, scales = quantize_per_token(plain, qdtype)
-    assert fused.codes.dtype == qdtype and fused.scales.shape == (5, 1)
+    if op == "silu" or rows > 16:
+        assert torch.equal(fused.x, plain)
+    else:
+        torch.testing.assert_close(fused.x, plain, atol=_ulp(dtype), rtol=_ulp(dtype))
+    codes, scales = quantize_per_token(fused.x, qdtype)
+    assert fused.codes.dtype == qdtype and fused.scales.shape == (rows, 1)
     assert torch.equal(fused.scales, scales)
     assert torch.equal(fused.codes.view(torch.uint8), codes.view(torch.uint8))
     assert bool((fused.codes[1].float() == 0).all())
