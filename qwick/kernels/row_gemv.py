@@ -14,6 +14,12 @@ the tile): nibble i of a word is masked in place and ORed into the mantissa of 2
 2^23 + q * 16^p; one FMA (`f * 16^-p - (2^(23 - 4p) + z)`) gives q - z exactly. Nibbles 0-2 are taken from
 the word, 3-7 from the word shifted right by 12: one shift and eight mask-ors per eight codes.
 
+The exponent bits (0x4B000000) come in as a kernel argument, not a literal: a 32-bit logic instruction
+(LOP3) takes one immediate, so with both the mask and the exponent as literals ptxas spends two per code;
+with the exponent in a register, one. That is 13% of the loop's instructions (425 -> 368 per iteration at
+the gate/up launch shape, SASS of the sm_90 build), and this kernel is bound by issuing instructions (Nsight
+Compute: 64% of issue slots busy, 1.6 TB/s; benchmarks/gemv_ncu.py).
+
 The same approach for 8-bit codes (Triton's own int8/fp8 conversion on the CUDA cores, or the bit tricks)
 measured no faster than the tensor-core `qwick.kernels.gemv` on 8-bit codes, which therefore stays their
 batch-1 path; the sweep keeps that variant for comparison.
@@ -33,6 +39,49 @@ import triton.language as tl
 from qwick.kernels.gemv import GemvWorkspace, split_k_epilogue, split_k_for
 from qwick.kernels.w4a16 import ZERO_CONST, ZERO_TENSOR
 from qwick.quantization.formats.layout import QuantizedWeight
+
+FLOAT_2_23_BITS = 0x4B000000  # the bits of 2.0**23: a code ORed into its mantissa reads 2^23 + code
+
+
+@triton.jit
+def _half_to_f32(bits, x_ptr):
+    """16-bit values of x_ptr's dtype, held in the low halves of int32 `bits`, as fp32."""
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        return (bits << 16).to(tl.float32, bitcast=True)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _x_of_words(x_ptr, cols):
+    """x[8 * cols + p] for p = 0..7, in fp32: the activations the eight codes of words `cols` multiply.
+    16-bit activations are read two per 32-bit load (34 -> 18 loads per iteration at 64 x 16 tiles)."""
+    if x_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        xw = x_ptr.to(tl.pointer_type(tl.int32)) + 4 * cols
+        x01 = tl.load(xw)
+        x23 = tl.load(xw + 1)
+        x45 = tl.load(xw + 2)
+        x67 = tl.load(xw + 3)
+        return (
+            _half_to_f32(x01, x_ptr),
+            _half_to_f32(x01 >> 16, x_ptr),
+            _half_to_f32(x23, x_ptr),
+            _half_to_f32(x23 >> 16, x_ptr),
+            _half_to_f32(x45, x_ptr),
+            _half_to_f32(x45 >> 16, x_ptr),
+            _half_to_f32(x67, x_ptr),
+            _half_to_f32(x67 >> 16, x_ptr),
+        )
+    xp = x_ptr + 8 * cols
+    return (
+        tl.load(xp).to(tl.float32),
+        tl.load(xp + 1).to(tl.float32),
+        tl.load(xp + 2).to(tl.float32),
+        tl.load(xp + 3).to(tl.float32),
+        tl.load(xp + 4).to(tl.float32),
+        tl.load(xp + 5).to(tl.float32),
+        tl.load(xp + 6).to(tl.float32),
+        tl.load(xp + 7).to(tl.float32),
+    )
 
 
 @triton.jit
@@ -88,6 +137,7 @@ def _w4_row_kernel(
     KW,
     stride_qn,
     stride_sn,
+    exponent,
     ZERO_POINT: tl.constexpr,
     ZERO_MODE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -138,23 +188,22 @@ def _w4_row_kernel(
         z3 = (z + 2048.0)[:, None]
         z4 = (z + 128.0)[:, None]
         hi = words >> 12
-        xp = x_ptr + 8 * cols
-        part = ((words & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - z0
-        part = part * tl.load(xp).to(tl.float32)[None, :]
-        d = ((words & 0xF0) | 0x4B000000).to(tl.float32, bitcast=True) * 0.0625 - z1
-        part += d * tl.load(xp + 1).to(tl.float32)[None, :]
-        d = ((words & 0xF00) | 0x4B000000).to(tl.float32, bitcast=True) * 0.00390625 - z2
-        part += d * tl.load(xp + 2).to(tl.float32)[None, :]
-        d = ((hi & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - z0
-        part += d * tl.load(xp + 3).to(tl.float32)[None, :]
-        d = ((hi & 0xF0) | 0x4B000000).to(tl.float32, bitcast=True) * 0.0625 - z1
-        part += d * tl.load(xp + 4).to(tl.float32)[None, :]
-        d = ((hi & 0xF00) | 0x4B000000).to(tl.float32, bitcast=True) * 0.00390625 - z2
-        part += d * tl.load(xp + 5).to(tl.float32)[None, :]
-        d = ((hi & 0xF000) | 0x4B000000).to(tl.float32, bitcast=True) * 0.000244140625 - z3
-        part += d * tl.load(xp + 6).to(tl.float32)[None, :]
-        d = ((hi & 0xF0000) | 0x4B000000).to(tl.float32, bitcast=True) * 0.0000152587890625 - z4
-        part += d * tl.load(xp + 7).to(tl.float32)[None, :]
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x_of_words(x_ptr, cols)
+        part = (((words & 0xF) | exponent).to(tl.float32, bitcast=True) - z0) * x0[None, :]
+        d = ((words & 0xF0) | exponent).to(tl.float32, bitcast=True) * 0.0625 - z1
+        part += d * x1[None, :]
+        d = ((words & 0xF00) | exponent).to(tl.float32, bitcast=True) * 0.00390625 - z2
+        part += d * x2[None, :]
+        d = ((hi & 0xF) | exponent).to(tl.float32, bitcast=True) - z0
+        part += d * x3[None, :]
+        d = ((hi & 0xF0) | exponent).to(tl.float32, bitcast=True) * 0.0625 - z1
+        part += d * x4[None, :]
+        d = ((hi & 0xF00) | exponent).to(tl.float32, bitcast=True) * 0.00390625 - z2
+        part += d * x5[None, :]
+        d = ((hi & 0xF000) | exponent).to(tl.float32, bitcast=True) * 0.000244140625 - z3
+        part += d * x6[None, :]
+        d = ((hi & 0xF0000) | exponent).to(tl.float32, bitcast=True) * 0.0000152587890625 - z4
+        part += d * x7[None, :]
         acc += s[:, None] * part
         if PREFETCH:
             words = w_next
@@ -234,6 +283,7 @@ def w4_row_gemv(
         kw,
         weight.qweight.stride(0),
         weight.scales.stride(0),
+        FLOAT_2_23_BITS,
         ZERO_POINT=weight.zero_point,
         ZERO_MODE=mode,
         HAS_BIAS=bias is not None,
