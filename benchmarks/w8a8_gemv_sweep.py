@@ -76,6 +76,9 @@ def case(name: str, n: int, k: int, qdtype: torch.dtype, m: int) -> dict:
     row["w8a16_us"] = bench(lambda: gemv(x, codes, None, ws, weight_scale=scale))
     row["w8a16_err"] = rel(gemv(x, codes, None, ws, weight_scale=scale), ref16)
     row["quantize_us"] = bench(lambda: quantize_rows(x, qdtype, qmax(qdtype), 1e-12, None))
+    row["w8a8_default_us"] = bench(
+        lambda: gemv(xq, codes, None, ws, weight_scale=scale, x_scale=xs, out_dtype=torch.bfloat16)
+    )
     best = []
     for cfg in configs(n, k):
         if time.time() - T0 > BUDGET_S:
@@ -115,7 +118,8 @@ def main() -> None:
         print(
             f"{name:8s} {r['dtype']:14s} m={m:2d} cublas {r['cublas_bf16_us']:6.1f} | w8a16 "
             f"{r['w8a16_us']:6.1f} ({r['tbps_w8a16']:.2f} TB/s) | w8a8 {top['us']:6.1f} "
-            f"({r.get('tbps_w8a8', 0):.2f} TB/s) err {top['err']:.1e} {top['cfg']} | quant "
+            f"({r.get('tbps_w8a8', 0):.2f} TB/s; default {r['w8a8_default_us']:.1f}) err {top['err']:.1e} "
+            f"{top['cfg']} | quant "
             f"{r['quantize_us']:.1f}",
             flush=True,
         )
