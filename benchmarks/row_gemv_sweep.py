@@ -208,8 +208,9 @@ def case(name: str, n: int, k: int, mode: str) -> dict:
         t_old = bench(lambda: quant_matmul(x, qw, None, ws)) * 1e3
         cands = [("default " + str(default_w4_config(n, k // 8, 16, ws.num_sms)), (None,))]
         cands += [
-            (f"bn{bn} split{sk} w{nw} pf{int(pf)}", (RowGemvConfig(bn, 16, sk, nw, 1, pf),))
-            for bn, sk, nw, pf in itertools.product((64, 128, 256), splits, (4, 8), (False, True))
+            (f"bn{bn} split{sk} w{nw} pf{int(pf)} ls{ls}", (RowGemvConfig(bn, 16, sk, nw, 1, pf, ls),))
+            for bn, sk, nw, pf, ls in itertools.product((64, 128, 256), splits, (4, 8), (False, True), (1, 3))
+            if not (pf and ls > 1)  # the register double buffer or the software pipeline, not both
         ]
         rows = sweep(name, lambda cfg: w4_row_gemv(x, qw, None, ws, cfg), cands, ref, nbytes)
     default = next((r for r in rows if r[1].startswith("default")), None)

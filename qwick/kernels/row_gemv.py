@@ -143,6 +143,7 @@ def _w4_row_kernel(
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     PREFETCH: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
@@ -166,7 +167,7 @@ def _w4_row_kernel(
         words = tl.load(
             q_rows + (j_start + rj)[None, :], mask=n_ok[:, None] & (j_start + rj < j_end)[None, :], other=0
         )
-    for j in range(j_start, j_end, BLOCK_W):
+    for j in tl.range(j_start, j_end, BLOCK_W, num_stages=LOOP_STAGES):
         g = j // BLOCK_W  # the tile is one group
         cols = j + rj
         if PREFETCH:
@@ -220,6 +221,9 @@ class RowGemvConfig:
     num_warps: int = 4
     num_stages: int = 1
     prefetch: bool = False
+    # >1: Triton software-pipelines the loop's loads through shared memory (cp.async), this many
+    # iterations deep; 1 keeps plain loads (and `prefetch`'s register double buffer). Not yet timed.
+    loop_stages: int = 1
 
 
 def default_w4_config(n: int, kw: int, group_words: int, num_sms: int) -> RowGemvConfig:
@@ -289,6 +293,7 @@ def w4_row_gemv(
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k,
         PREFETCH=cfg.prefetch,
+        LOOP_STAGES=cfg.loop_stages,
         BLOCK_N=cfg.block_n,
         BLOCK_W=cfg.block_k,
         num_warps=cfg.num_warps,

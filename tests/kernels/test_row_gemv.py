@@ -30,6 +30,7 @@ def _configs(n: int, kw: int, ws, group_words: int = 16):
         default_w4_config(n, kw, group_words, ws.num_sms),
         RowGemvConfig(32, group_words, 1),
         RowGemvConfig(16, group_words, 4, prefetch=True),
+        RowGemvConfig(64, group_words, 2, loop_stages=3),
     ]
 
 
