@@ -75,7 +75,8 @@ def _row_codes(x: torch.Tensor, quant: RowQuant | None) -> tuple[torch.Tensor, t
     if quant is None:
         return x, x, {"QMAX": 0.0, "INV_QMAX": 0.0, "MIN_AMAX": 0.0, "IS_INT": False}
     codes = torch.empty((rows, n), dtype=quant.dtype, device=x.device)
-    scales = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    groups = 1 if quant.group is None else triton.cdiv(n, quant.group)
+    scales = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
     meta = {
         "QMAX": quant.qmax,
         "INV_QMAX": inv_qmax(quant.qmax),
@@ -103,6 +104,12 @@ def rms_norm(
     1.45 us; benchmarks/decode_quant_kernels.py, in a CUDA graph).
     """
     rows, n = x.shape
+    if quant is not None and quant.group is not None:  # not written in this kernel: a launch of its own
+        from qwick.kernels.w8a8 import quantize_rows
+
+        out = rms_norm(x, weight, eps, residual, num_warps=num_warps)
+        codes, scales = quantize_rows(out, quant.dtype, quant.qmax, quant.min_amax, quant.group)
+        return QuantizedRows(out, codes, scales, quant.group)
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     codes, scales, meta = _row_codes(out, quant)
     if rows > 0:
@@ -270,20 +277,62 @@ def _silu_and_mul_quant_kernel(
         tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _silu_and_mul_group_quant_kernel(
+    x_ptr,
+    out_ptr,
+    q_ptr,
+    s_ptr,
+    stride_x,
+    stride_out,
+    stride_q,
+    stride_s,
+    N,
+    QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    GROUP: tl.constexpr,
+):
+    """One program per row and group of GROUP columns: silu(gate) * up, the group's scale from the rounded
+    outputs and their codes, all from registers. No row-wide reduction, so a few rows spread over many
+    programs (a decode step's one row over 37 at 7b's 18944 columns and groups of 512)."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    cols = g * GROUP + tl.arange(0, GROUP)
+    mask = cols < N
+    y = _silu_mul(x_ptr + row * stride_x, cols, mask, N)  # 0 where masked: silu(0) * 0
+    tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    yf = y.to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(yf), axis=0), MIN_AMAX) * INV_QMAX
+    tl.store(s_ptr + row * stride_s + g, scale)
+    codes = codes_of(yf, scale, QMAX, IS_INT)
+    tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
+
+
 def silu_and_mul_quant(
     x: torch.Tensor, quant: RowQuant, block: int = 4096, num_warps: int = 16
 ) -> QuantizedRows:
     """`silu_and_mul` with the output's per-row codes and scales; `block` and `num_warps` are the launch
-    shape (the defaults measured best, `benchmarks/small_kernels.py` sweeps them)."""
+    shape (the defaults measured best, `benchmarks/small_kernels.py` sweeps them). With `quant.group`,
+    per-group scales from a kernel with one program per row and group (the launch shape is the group)."""
     rows, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     codes, scales, meta = _row_codes(out, quant)
-    if rows > 0:
+    if rows > 0 and quant.group is not None:
+        group = quant.group
+        if group & (group - 1):
+            raise ValueError(f"SiLU-and-mul writes codes in groups of a power of two, not {group}")
+        _silu_and_mul_group_quant_kernel[(rows, triton.cdiv(n, group))](
+            x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), scales.stride(0), n,
+            GROUP=group, num_warps=max(min(group // 256, 8), 1), **meta,
+        )  # fmt: skip
+    elif rows > 0:
         _silu_and_mul_quant_kernel[(rows,)](
             x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), n, BLOCK=block,
             num_warps=num_warps, **meta,
         )  # fmt: skip
-    return QuantizedRows(out, codes, scales)
+    return QuantizedRows(out, codes, scales, quant.group)
 
 
 def silu_and_mul(x: torch.Tensor, quant: RowQuant | None = None) -> torch.Tensor | QuantizedRows:

@@ -39,8 +39,10 @@ def _gemv_kernel(
     stride_xm,
     stride_wn,
     stride_ym,
+    stride_xs,
     HAS_SCALE: tl.constexpr,
     X_CODES: tl.constexpr,
+    X_GROUP: tl.constexpr,
     INT_DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
@@ -61,10 +63,14 @@ def _gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rm[:, None] * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT else tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT and X_GROUP == 0 else tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
-        if X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
+        if X_CODES and X_GROUP > 0:  # W8A8 with a scale per X_GROUP columns: scale each tile's sums
+            part = tl.dot(x, tl.trans(w), out_dtype=tl.int32 if INT_DOT else tl.float32)
+            xs = tl.load(xs_ptr + rm * stride_xs + k // X_GROUP, mask=m_ok, other=0.0)
+            acc += part.to(tl.float32) * xs[:, None]
+        elif X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
             acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
         else:
             # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
@@ -73,8 +79,8 @@ def _gemv_kernel(
     acc = acc.to(tl.float32)
     if HAS_SCALE:  # per-output-channel scales of 8-bit weights
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    if X_CODES:  # per-row scales of the activation codes
-        acc *= tl.load(xs_ptr + rm, mask=m_ok, other=0.0)[:, None]
+    if X_CODES and X_GROUP == 0:  # per-row scales of the activation codes
+        acc *= tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)[:, None]
     split_k_epilogue(
         acc,
         b_ptr,
@@ -253,6 +259,7 @@ def gemv(
     weight_scale: torch.Tensor | None = None,
     x_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    x_group: int | None = None,
 ) -> torch.Tensor:
     """`x @ weight.T + bias` for x [M <= 16, K] (unit stride along K), weight [N, K] contiguous.
 
@@ -261,7 +268,9 @@ def gemv(
     the whole cost, and leaving the activations unquantized saves a quantization launch per layer.
 
     `x_scale` (fp32 [M, 1]): x holds codes of the weight's 8-bit type too (W8A8), the result is
-    `(codes_x @ codes.T) * x_scale * weight_scale.T + bias` in `out_dtype`, with int8 sums exact in int32."""
+    `(codes_x @ codes.T) * x_scale * weight_scale.T + bias` in `out_dtype`, with int8 sums exact in int32.
+    With `x_group`, x_scale is [M, ceil(K / x_group)], one scale per group of columns (a multiple of the
+    launch's tile depth), applied to each tile's sums."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= MAX_M and weight.shape[1] == k and x.stride(1) == 1 and weight.stride(1) == 1
@@ -269,13 +278,16 @@ def gemv(
         assert (weight_scale is None) == (weight.dtype == x.dtype), "8-bit weights need their scales"
         out_dtype = x.dtype
     else:
-        assert weight_scale is not None and x.dtype == weight.dtype and x_scale.numel() == m
+        groups = 1 if x_group is None else triton.cdiv(k, x_group)
+        assert weight_scale is not None and x.dtype == weight.dtype and x_scale.shape == (m, groups)
         assert out_dtype is not None, "W8A8 needs the output dtype"
     assert weight_scale is None or weight_scale.numel() == n
     y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return y
     cfg = config or ws.config_for(m, n, k, weight.element_size(), x_scale is not None)
+    if x_group is not None and x_group % cfg.block_k:
+        raise ValueError(f"activation scale groups of {x_group} columns need tiles that divide them: {cfg}")
     tiles = triton.cdiv(n, cfg.block_n)
     ws.check(cfg.split_k, MAX_M, n, tiles, cfg)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
@@ -294,8 +306,10 @@ def gemv(
         x.stride(0),
         weight.stride(0),
         y.stride(0),
+        x_scale.stride(0) if x_scale is not None else 0,
         HAS_SCALE=weight_scale is not None,
         X_CODES=x_scale is not None,
+        X_GROUP=x_group or 0,
         INT_DOT=x_scale is not None and x.dtype == torch.int8,
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k,

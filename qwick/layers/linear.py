@@ -19,21 +19,26 @@ from torch import nn
 class RowQuant:
     """The per-row (per-token) quantization a linear method applies to its input: codes of `dtype` with
     scale = max(absmax of the row, min_amax) * fp32(1 / qmax). Asked for with `Linear.input_quant`, so the
-    kernel that produces the input (RMSNorm, SiLU-and-mul) can write the codes in the same pass."""
+    kernel that produces the input (RMSNorm, SiLU-and-mul) can write the codes in the same pass.
+
+    `group`: one scale per `group` columns of a row instead (the absmax of those columns), so that a
+    kernel with several programs per row needs no row-wide reduction."""
 
     dtype: torch.dtype
     qmax: float
     min_amax: float
+    group: int | None = None
 
 
 @dataclass
 class QuantizedRows:
-    """An input x [M, K] with its codes [M, K] and fp32 scales [M, 1] under the consuming layer's
-    `RowQuant`: bit for bit what the layer would compute from x itself."""
+    """An input x [M, K] with its codes [M, K] and fp32 scales [M, 1] (or [M, ceil(K / group)]) under the
+    consuming layer's `RowQuant`: bit for bit what the layer would compute from x itself."""
 
     x: torch.Tensor
     codes: torch.Tensor
     scales: torch.Tensor
+    group: int | None = None  # the `RowQuant.group` the codes were made with
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

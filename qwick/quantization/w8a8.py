@@ -23,11 +23,12 @@ What each path computes:
   batches and short prompts), where cuBLAS's 128 x 128 output tiles are fewer than the SMs: a split-K
   Triton GEMM on the fp8 codes (`qwick.kernels.w8a8.rowwise_fp8_mm`), which keeps every SM streaming;
 - CUDA, decode-sized bf16/fp16 inputs (M <= 16), per-channel scales: the skinny split-K GEMM of
-  `qwick.kernels.gemv` streaming the 8-bit codes. Where the producing kernel wrote the per-token codes
-  (`decode_w8a8`: QKV and gate/up, after the RMSNorms), it multiplies codes by codes on the tensor cores
-  (W8A8, as every other size). The output projection's input comes without codes, and the down
-  projection's would cost more to quantize than it saves (`decode_w8a8_max_k`): there it computes
-  `x @ dequant(W).T + b` (W8A16).
+  `qwick.kernels.gemv` streaming the 8-bit codes. Where the producing kernel wrote the activation codes
+  (`decode_w8a8`), it multiplies codes by codes on the tensor cores (W8A8, as every other size): per-token
+  codes from the RMSNorms before QKV and gate/up; codes with a scale per 512 columns from SiLU-and-mul
+  before the down projection (`decode_w8a8_max_k`, `decode_group`), which it writes with many programs
+  per row. The output projection's input comes without codes: there it computes `x @ dequant(W).T + b`
+  (W8A16).
   On CPUs, int8 per channel with bf16 inputs of at most 16 rows does the same (W8A16) through torch's
   int8 weight GEMM (`torch._weight_int8pack_mm`).
 
@@ -129,11 +130,15 @@ class W8A8LinearMethod(LinearMethod):
     # (benchmarks/w8a8_gemv_sweep.py). The numbers are those of every larger batch and of the prompt,
     # whose activations are quantized too. False keeps W8A16 at decode sizes.
     decode_w8a8 = True
-    # ... but only for K <= decode_w8a8_max_k: at a few rows the producing kernel quantizes each row in one
-    # program, and over the down projection's 18944 columns SiLU-and-mul took 8.3 us with codes against
-    # 1.8 without, more than the W8A8 GEMV saves there (~3 us); the RMSNorms cost 5.0 against 2.0 us for
-    # 2.4-8 us saved (an int8 decode-step profile on the H200, benchmarks/decode_step_profile.py).
+    # Per-token codes only for K <= decode_w8a8_max_k: at a few rows the producing kernel quantizes each
+    # row in one program, and over the down projection's 18944 columns SiLU-and-mul took 8.3 us with codes
+    # against 1.8 without, more than the W8A8 GEMV saves there (~3 us); the RMSNorms cost 5.0 against 2.0
+    # us (2.8 at 32 warps) for 2.4-8 us saved (an int8 decode-step profile on the H200,
+    # benchmarks/decode_step_profile.py, and benchmarks/decode_quant_kernels.py). Longer inputs ask for
+    # codes with a scale per `decode_group` columns instead, which SiLU-and-mul writes with one program per
+    # group (at least as accurate as one scale per token). 0 keeps W8A16 for them. Not yet timed.
     decode_w8a8_max_k = 8192
+    decode_group = 512
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 / 43 us at M = 17 / 32 / 64 / 128
@@ -330,22 +335,33 @@ class W8A8LinearMethod(LinearMethod):
         if x.shape[0] == 0:
             return False
         if self._skinny(x):
-            return self.decode_w8a8 and k <= self.decode_w8a8_max_k
+            return self.decode_w8a8 and (k <= self.decode_w8a8_max_k or self.decode_group > 0)
         align = 16 if self.qdtype == FP8_DTYPE else 8
         return k % align == 0 and n % align == 0
 
     def input_quant(self, layer: Linear, x: torch.Tensor) -> RowQuant | None:
-        return self.row_quant if self._per_token_cuda(layer, x) else None
+        if not self._per_token_cuda(layer, x):
+            return None
+        if self._skinny(x) and layer.weight.shape[1] > self.decode_w8a8_max_k:
+            return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, self.decode_group)
+        return self.row_quant
 
     def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
         if x.x.dim() != 2 or not self._per_token_cuda(layer, x.x):
             return self.apply(layer, x.x)
-        return self._apply_cuda(layer, x.x, (x.codes, x.scales))
+        if x.group is not None and not self._skinny(x.x):  # group scales: only the skinny GEMM takes them
+            return self.apply(layer, x.x)
+        return self._apply_cuda(layer, x.x, (x.codes, x.scales), x.group)
 
     def _apply_cuda(
-        self, layer: Linear, x: torch.Tensor, codes: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        layer: Linear,
+        x: torch.Tensor,
+        codes: tuple[torch.Tensor, torch.Tensor] | None = None,
+        group: int | None = None,
     ) -> torch.Tensor:
-        """`codes`: x's per-token codes and scales when the kernel that made x wrote them already."""
+        """`codes`: x's codes and scales when the kernel that made x wrote them already (per token, or
+        per `group` columns at decode sizes)."""
         n, k = layer.weight.shape
         if x.shape[0] == 0:
             return x.new_empty(0, n)
@@ -366,6 +382,7 @@ class W8A8LinearMethod(LinearMethod):
                 weight_scale=scale,
                 x_scale=xs,
                 out_dtype=x.dtype,
+                x_group=group,
             )
         if not self.quantize_activations:
             return self.apply_reference(layer, x)

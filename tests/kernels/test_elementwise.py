@@ -141,3 +141,38 @@ def test_fused_row_quantization(op, dtype, qdtype, rows):
     assert torch.equal(fused.scales, scales)
     assert torch.equal(fused.codes.view(torch.uint8), codes.view(torch.uint8))
     assert bool((fused.codes[1].float() == 0).all())
+
+
+@pytest.mark.parametrize("qdtype", QUANT_DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["norm", "silu"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fused_group_quantization(op, dtype, qdtype, rows):
+    """Codes with a scale per group of columns (`RowQuant.group`, what decode-sized down projections ask
+    for): SiLU-and-mul writes them from one program per row and group, RMSNorm through a quantization
+    launch of its own; either way the output is unchanged and the codes and scales are bit-identical to
+    the torch oracle's per-group quantization of it, a partial last group and an all-zero row included."""
+    from qwick.kernels.elementwise import rms_norm, silu_and_mul
+    from qwick.layers.linear import RowQuant
+    from qwick.quantization.w8a8 import _MIN_AMAX, qmax, quantize_per_token_group
+
+    dev = triton_device()
+    group = 512
+    quant = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, group)
+    g = torch.Generator(device=dev).manual_seed(4)
+    if op == "silu":
+        x = torch.randn(rows, 2 * 2500, device=dev, generator=g).to(dtype) * 3
+        x[0, 512:1024] = 0.0  # the second group's gate: an all-zero group of outputs
+
+        plain, fused = silu_and_mul(x), silu_and_mul(x, quant)
+    else:
+        x = torch.randn(rows, 1100, device=dev, generator=g).to(dtype)
+        weight = torch.randn(1100, device=dev, generator=g).to(dtype)
+        plain, fused = rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6, quant=quant)
+    assert fused.group == group and torch.equal(fused.x, plain)
+    codes, scales = quantize_per_token_group(plain, qdtype, group)
+    if op == "silu":
+        assert not fused.codes[0, 512:1024].float().any()
+    assert fused.scales.shape == (rows, -(-plain.shape[1] // group))
+    assert torch.equal(fused.scales, scales)
+    assert torch.equal(fused.codes.view(torch.uint8), codes.view(torch.uint8))

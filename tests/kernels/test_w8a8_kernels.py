@@ -132,6 +132,31 @@ def test_gpu_decode_sizes_with_codes_are_w8a8(mode, n, k, m, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
+def test_gpu_decode_long_inputs_take_group_scaled_codes(mode, monkeypatch):
+    """A decode-sized input of a long-K layer (a down projection) asks for codes with a scale per
+    `decode_group` columns, and the layer computes that function from them (W8A8, group scales)."""
+    from qwick.kernels.elementwise import silu_and_mul
+    from qwick.layers.linear import RowQuant
+    from qwick.quantization.w8a8 import _MIN_AMAX, qmax
+
+    device = _cuda()
+    n, k = SHAPES[3]
+    layer = _layer(mode, n, k, device)
+    method = layer.method
+    quant = layer.input_quant(torch.zeros(4, k, device=device, dtype=torch.bfloat16))
+    assert quant == RowQuant(method.qdtype, qmax(method.qdtype), _MIN_AMAX, method.decode_group)
+    h = torch.randn(4, 2 * k, device=device, generator=torch.Generator(device=device).manual_seed(9))
+    rows = silu_and_mul(h.to(torch.bfloat16), quant)
+    y = layer(rows)
+    g = method.decode_group
+    x_deq = rows.codes.double() * rows.scales.double().repeat_interleave(g, dim=1)[:, :k]
+    ref = x_deq @ method.dense_weight(layer).double().T + layer.bias.double()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
+    monkeypatch.setattr(W8A8LinearMethod, "decode_group", 0)  # W8A16 for long inputs: no codes asked for
+    assert layer.input_quant(rows.x) is None
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
 @pytest.mark.parametrize("n,k", SHAPES[:4])
 @pytest.mark.parametrize("m", [1, 7, 16])
 def test_gpu_cublas_paths_at_decode_sizes(mode, n, k, m, monkeypatch):
@@ -259,6 +284,39 @@ def test_gemv_on_8bit_codes_both_sides(qdtype, n, k, m):
             ref = (xq.double() @ wq.double().T) * xs.double() * wscale.double().view(1, -1) + bias.double()
             assert y.dtype == out_dtype and y.shape == (m, n) and torch.isfinite(y).all()
             assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
+    assert int(ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
+@pytest.mark.parametrize("n,k", [(96, 1536), (40, 1100)] if INTERPRET else [(3584, 18944), (5120, 13824)])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_gemv_with_group_scaled_codes(qdtype, n, k, m):
+    """W8A8 skinny GEMM with a scale per 512 columns of x (`x_group`): each tile's sums scaled by its
+    group's scale; split-K launches; a partial last group (1100); a second call."""
+    from qwick.kernels.gemv import GemvConfig, default_config, gemv
+    from qwick.quantization.w8a8 import quantize_weight_per_channel
+
+    if INTERPRET:
+        dev, out_dtype, tol = torch.device("cpu"), torch.float32, 1e-6
+    else:
+        dev, out_dtype, tol = _cuda(), torch.bfloat16, 5e-3
+    ws = gemv_workspace(dev)
+    gen = torch.Generator(device=dev).manual_seed(n * k + m + 2)
+    wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev), qdtype)
+    bias = torch.randn(n, generator=gen, device=dev).to(out_dtype)
+    default = default_config(m, n, k, ws.num_sms, w_bytes=1, codes=True)
+    for cfg in (default, GemvConfig(16, 128, 1), GemvConfig(32, 256, 4)):
+        for _ in range(2):
+            x = torch.randn(m, k, generator=gen, device=dev) * torch.linspace(0.1, 5, k, device=dev)
+            xq, xs = quantize_per_token_group(x, qdtype, 512)
+            y = gemv(xq, wq, bias, ws, cfg, weight_scale=wscale, x_scale=xs, out_dtype=out_dtype, x_group=512)
+            x_deq = xq.double() * xs.double().repeat_interleave(512, dim=1)[:, :k]
+            ref = (x_deq @ wq.double().T) * wscale.double().view(1, -1) + bias.double()
+            assert y.dtype == out_dtype and y.shape == (m, n) and torch.isfinite(y).all()
+            assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
+    with pytest.raises(ValueError, match="divide"):
+        gemv(xq, wq, bias, ws, GemvConfig(16, 1024, 1), weight_scale=wscale, x_scale=xs, out_dtype=out_dtype,
+             x_group=512)  # fmt: skip
     assert int(ws.counters.abs().sum()) == 0
 
 

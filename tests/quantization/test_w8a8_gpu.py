@@ -117,7 +117,7 @@ def test_fused_activation_codes_change_nothing(mode, tmp_path, monkeypatch):
         return real(self, layer, x)
 
     def requantized(self, layer, x):  # the same activations, quantized by the separate kernel
-        return real(self, layer, QuantizedRows(x.x, *self._quantize_x(x.x)))
+        return real(self, layer, QuantizedRows(x.x, *self._quantize_x(x.x, x.group), x.group))
 
     def run():
         llm = LLM(

@@ -250,8 +250,9 @@ def test_quantized_rows_on_the_cpu_take_the_plain_path():
 @pytest.mark.gpu
 @pytest.mark.parametrize("qdtype", QDTYPES)
 def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
-    """Per-token codes are asked for exactly where `_apply_cuda` takes them: at decode sizes in bf16 only
-    with `decode_w8a8` (else the W8A16 skinny GEMM), not for block scales, not for weight-only methods."""
+    """Codes are asked for exactly where `_apply_cuda` takes them: at decode sizes in bf16 only with
+    `decode_w8a8` (else the W8A16 skinny GEMM), per group of columns for long inputs there; not for block
+    scales, not for weight-only methods."""
     from qwick.layers.linear import RowQuant
     from qwick.quantization.w8a8 import _MIN_AMAX, qmax
 
@@ -264,11 +265,15 @@ def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
     method.workspace = shared_workspace(torch.device("cuda"))  # what loading on the GPU sets up
     rows = lambda m, dtype=torch.bfloat16: torch.zeros(m, 320, dtype=dtype, device="cuda")  # noqa: E731
     assert layer.input_quant(rows(16)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
-    long_k = W8A8LinearMethod(qdtype, checkpoint=False)  # a down projection: W8A16 at decode sizes
+    long_k = W8A8LinearMethod(qdtype, checkpoint=False)  # a down projection: group scales at decode sizes
     long_layer = _layer(long_k, 64, 12288, bias=False, dtype=torch.bfloat16).cuda()
     long_k.workspace = method.workspace
-    assert long_layer.input_quant(torch.zeros(16, 12288, dtype=torch.bfloat16, device="cuda")) is None
-    assert long_layer.input_quant(torch.zeros(17, 12288, dtype=torch.bfloat16, device="cuda")) is not None
+    long_rows = lambda m: torch.zeros(m, 12288, dtype=torch.bfloat16, device="cuda")  # noqa: E731
+    grouped = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, long_k.decode_group)
+    assert long_layer.input_quant(long_rows(16)) == grouped
+    assert long_layer.input_quant(long_rows(17)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
+    long_k.decode_group = 0
+    assert long_layer.input_quant(long_rows(16)) is None
     method.decode_w8a8 = False
     assert layer.input_quant(rows(16)) is None
     assert layer.input_quant(rows(17)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
