@@ -53,6 +53,10 @@ def main() -> None:
         for warps in (4, 8, 16, 32):
             us = graph_us(lambda q=quant, nw=warps: rms_norm(x, w, 1e-6, res, q, num_warps=nw))
             print(f"{'rms_norm + residual + ' + name + f' codes, {warps} warps':44s} {us:6.2f}")
+        for group in (256, 512, 1024):  # a scale per group of columns, one program per group
+            grouped = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, group)
+            us = graph_us(lambda q=grouped: silu_and_mul(h, q))
+            print(f"{'silu_and_mul + ' + name + f' codes per {group} columns':44s} {us:6.2f}")
         for block, warps in ((4096, 16), (2048, 8), (8192, 16), (8192, 32), (16384, 32), (32768, 32)):
             us = graph_us(lambda q=quant, b=block, nw=warps: silu_and_mul_quant(h, q, b, nw))
             print(f"{'silu_and_mul + ' + name + f' codes, {block} x {warps} warps':44s} {us:6.2f}")
