@@ -259,13 +259,10 @@ def test_gemv_on_8bit_weights(qdtype, n, k, m):
     assert int(ws.counters.abs().sum()) == 0
 
 
-@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
-@pytest.mark.parametrize("n,k", GEMV_SHAPES)
-@pytest.mark.parametrize("m", [1, 3, 16])
-def test_gemv_on_8bit_codes_both_sides(qdtype, n, k, m):
-    """The skinny GEMM with activation codes too (W8A8): codes times codes, then the per-row and
-    per-channel scales and the bias; int8 sums exact; split-K launch shapes; a second call."""
-    from qwick.kernels.gemv import GemvConfig, default_config, gemv
+def _w8a8_gemv_case(qdtype: torch.dtype, n: int, k: int, m: int):
+    """Device, output dtype, tolerance, workspace, generator, weight codes and scales, bias and the launch
+    shapes to try for a W8A8 skinny-GEMM test (the interpreter computes in float32)."""
+    from qwick.kernels.gemv import GemvConfig, default_config
     from qwick.quantization.w8a8 import quantize_weight_per_channel
 
     if INTERPRET:
@@ -277,13 +274,31 @@ def test_gemv_on_8bit_codes_both_sides(qdtype, n, k, m):
     wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev), qdtype)
     bias = torch.randn(n, generator=gen, device=dev).to(out_dtype)
     default = default_config(m, n, k, ws.num_sms, w_bytes=1, codes=True)
-    for cfg in (default, GemvConfig(16, 128, 1), GemvConfig(32, 256, 4)):
+    configs = (default, GemvConfig(16, 128, 1), GemvConfig(32, 256, 4))
+    return dev, out_dtype, tol, ws, gen, wq, wscale, bias, configs
+
+
+def _check(y: torch.Tensor, ref: torch.Tensor, m: int, n: int, out_dtype: torch.dtype, tol: float, cfg):
+    """The output's dtype, shape and finiteness, and its relative error against float64 `ref`."""
+    assert y.dtype == out_dtype and y.shape == (m, n) and torch.isfinite(y).all()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
+
+
+@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
+@pytest.mark.parametrize("n,k", GEMV_SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_gemv_on_8bit_codes_both_sides(qdtype, n, k, m):
+    """The skinny GEMM with activation codes too (W8A8): codes times codes, then the per-row and
+    per-channel scales and the bias; int8 sums exact; split-K launch shapes; a second call."""
+    from qwick.kernels.gemv import gemv
+
+    dev, out_dtype, tol, ws, gen, wq, wscale, bias, configs = _w8a8_gemv_case(qdtype, n, k, m)
+    for cfg in configs:
         for _ in range(2):
             xq, xs = quantize_per_token(torch.randn(m, k, generator=gen, device=dev), qdtype)
             y = gemv(xq, wq, bias, ws, cfg, weight_scale=wscale, x_scale=xs, out_dtype=out_dtype)
             ref = (xq.double() @ wq.double().T) * xs.double() * wscale.double().view(1, -1) + bias.double()
-            assert y.dtype == out_dtype and y.shape == (m, n) and torch.isfinite(y).all()
-            assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
+            _check(y, ref, m, n, out_dtype, tol, cfg)
     assert int(ws.counters.abs().sum()) == 0
 
 
@@ -292,28 +307,19 @@ def test_gemv_on_8bit_codes_both_sides(qdtype, n, k, m):
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_gemv_with_group_scaled_codes(qdtype, n, k, m):
     """W8A8 skinny GEMM with a scale per 512 columns of x (`x_group`): each tile's sums scaled by its
-    group's scale; split-K launches; a partial last group (1100); a second call."""
-    from qwick.kernels.gemv import GemvConfig, default_config, gemv
-    from qwick.quantization.w8a8 import quantize_weight_per_channel
+    group's scale; split-K launches; a partial last group (1100); a second call; tiles deeper than a
+    group are refused."""
+    from qwick.kernels.gemv import GemvConfig, gemv
 
-    if INTERPRET:
-        dev, out_dtype, tol = torch.device("cpu"), torch.float32, 1e-6
-    else:
-        dev, out_dtype, tol = _cuda(), torch.bfloat16, 5e-3
-    ws = gemv_workspace(dev)
-    gen = torch.Generator(device=dev).manual_seed(n * k + m + 2)
-    wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev), qdtype)
-    bias = torch.randn(n, generator=gen, device=dev).to(out_dtype)
-    default = default_config(m, n, k, ws.num_sms, w_bytes=1, codes=True)
-    for cfg in (default, GemvConfig(16, 128, 1), GemvConfig(32, 256, 4)):
+    dev, out_dtype, tol, ws, gen, wq, wscale, bias, configs = _w8a8_gemv_case(qdtype, n, k, m)
+    for cfg in configs:
         for _ in range(2):
             x = torch.randn(m, k, generator=gen, device=dev) * torch.linspace(0.1, 5, k, device=dev)
             xq, xs = quantize_per_token_group(x, qdtype, 512)
             y = gemv(xq, wq, bias, ws, cfg, weight_scale=wscale, x_scale=xs, out_dtype=out_dtype, x_group=512)
             x_deq = xq.double() * xs.double().repeat_interleave(512, dim=1)[:, :k]
             ref = (x_deq @ wq.double().T) * wscale.double().view(1, -1) + bias.double()
-            assert y.dtype == out_dtype and y.shape == (m, n) and torch.isfinite(y).all()
-            assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
+            _check(y, ref, m, n, out_dtype, tol, cfg)
     with pytest.raises(ValueError, match="divide"):
         gemv(xq, wq, bias, ws, GemvConfig(16, 1024, 1), weight_scale=wscale, x_scale=xs, out_dtype=out_dtype,
              x_group=512)  # fmt: skip
