@@ -69,8 +69,8 @@ def _rms_norm_kernel(
 
 
 def _row_codes(x: torch.Tensor, quant: RowQuant | None) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Buffers for the codes [rows, N] and scales [rows, 1] of `quant` (dummies without it), and the
-    kernels' quantization meta-parameters."""
+    """Buffers for the codes [rows, N] and scales [rows, 1] (or [rows, ceil(N / group)]) of `quant`
+    (dummies without it), and the kernels' quantization meta-parameters."""
     rows, n = x.shape
     if quant is None:
         return x, x, {"QMAX": 0.0, "INV_QMAX": 0.0, "MIN_AMAX": 0.0, "IS_INT": False}

@@ -214,7 +214,7 @@ class GemvWorkspace:
         self.partials = torch.empty(max_elems, dtype=torch.float32, device=device)
         self.counters = torch.zeros(max_tiles, dtype=torch.int32, device=device)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.configs: dict[tuple[int, int, int, int], GemvConfig] = {}
+        self.configs: dict[tuple[int, int, int, int, bool], GemvConfig] = {}
 
     def fits(self, split_k: int, rows: int, n: int, tiles: int) -> bool:
         """Whether a launch with `split_k` splits can stage its partials here: `rows` partial rows of width
@@ -280,6 +280,7 @@ def gemv(
     else:
         groups = 1 if x_group is None else triton.cdiv(k, x_group)
         assert weight_scale is not None and x.dtype == weight.dtype and x_scale.shape == (m, groups)
+        assert x_scale.dtype == torch.float32 and (groups == 1 or x_scale.stride(1) == 1)
         assert out_dtype is not None, "W8A8 needs the output dtype"
     assert weight_scale is None or weight_scale.numel() == n
     y = torch.empty((m, n), dtype=out_dtype, device=x.device)

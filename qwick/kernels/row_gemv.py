@@ -219,7 +219,7 @@ class RowGemvConfig:
     block_k: int  # int32 words per row per tile: one group (16 words at group size 128)
     split_k: int
     num_warps: int = 4
-    num_stages: int = 1
+    num_stages: int = 1  # the kernel option: pipelines only loads that feed a tl.dot, so none here
     prefetch: bool = False
     # >1: Triton software-pipelines the loop's loads through shared memory (cp.async), this many
     # iterations deep; 1 keeps plain loads (and `prefetch`'s register double buffer). Not yet timed.
@@ -263,6 +263,8 @@ def w4_row_gemv(
     if weight.perm is not None:  # act-order: the weight's K is stored grouped; gather x to match
         x = x.index_select(1, weight.perm)
     x = x.contiguous()
+    if x.data_ptr() % 4:  # 16-bit activations are read two per 32-bit load
+        x = x.clone()
     group_words = weight.group_size // 8
     kw = k // 8
     cfg = config or default_w4_config(n, kw, group_words, ws.num_sms)

@@ -343,7 +343,10 @@ class W8A8LinearMethod(LinearMethod):
         if not self._per_token_cuda(layer, x):
             return None
         if self._skinny(x) and layer.weight.shape[1] > self.decode_w8a8_max_k:
-            return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, self.decode_group)
+            group = self.decode_group
+            if group < 256 or group & (group - 1):  # SiLU-and-mul's groups; the GEMV's tiles divide them
+                raise ValueError(f"decode_group must be a power of two of at least 256 (or 0), not {group}")
+            return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
         return self.row_quant
 
     def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:

@@ -36,9 +36,12 @@ def _configs(n: int, kw: int, ws, group_words: int = 16):
 
 @pytest.mark.parametrize("group", [64, 128, 256])
 @pytest.mark.parametrize("zeros", [True, False])
-def test_every_nibble_position_decodes_exactly(group, zeros):
+# the interpreter rounds fp32 -> bf16 toward zero (-371 -> -370, not -372), so bf16 is checked on GPUs only
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16] + ([] if INTERPRET else [torch.bfloat16]))
+def test_every_nibble_position_decodes_exactly(group, zeros, x_dtype):
     """Codes 0-15 at every position of a word, zero points 0-15, unit scales, small integer x: the fp32
-    result is an exact integer, so any wrong nibble, shift or offset shows as a mismatch."""
+    sums are exact integers, rounded once to x's dtype, so any wrong nibble, shift or offset shows as a
+    mismatch; 16-bit activations take the two-per-load path, both halves of every pair."""
     from qwick.kernels.row_gemv import w4_row_gemv
 
     dev = triton_device()
@@ -56,9 +59,9 @@ def test_every_nibble_position_decodes_exactly(group, zeros):
     ).to(dev)
     x = torch.randint(-3, 4, (1, k), generator=gen).float()
     w = q - (z.repeat_interleave(group, dim=1) if zeros else 8)
-    expected = (x.long() @ w.long().T).float()
-    y = w4_row_gemv(x.to(dev), weight, None, gemv_workspace(dev))
-    assert torch.equal(y.cpu(), expected)
+    expected = (x.long() @ w.long().T).float().to(x_dtype)
+    y = w4_row_gemv(x.to(dev, x_dtype), weight, None, gemv_workspace(dev))
+    assert y.dtype == x_dtype and torch.equal(y.cpu(), expected)
 
 
 @pytest.mark.parametrize("n,k", SHAPES)

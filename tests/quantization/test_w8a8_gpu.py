@@ -97,10 +97,12 @@ def test_quantized_model_on_gpu(case):
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
-def test_fused_activation_codes_change_nothing(mode, tmp_path, monkeypatch):
+@pytest.mark.parametrize("grouped", [False, True])
+def test_fused_activation_codes_change_nothing(mode, grouped, tmp_path, monkeypatch):
     """bf16 model, 40-token prompts (W8A8 prefill) and decode steps (W8A8 skinny GEMM where codes come):
     the norms and SiLU-and-mul write the projections' activation codes, and the logits are bit-identical
-    to quantizing the same activations in a launch of its own."""
+    to quantizing the same activations in a launch of its own. `grouped`: the tiny model's down projection
+    counts as long (`decode_w8a8_max_k` below its 128 inputs), so decode steps take group-scaled codes."""
     from qwick.layers.linear import QuantizedRows
     from qwick.quantization.w8a8 import W8A8LinearMethod
 
@@ -127,9 +129,18 @@ def test_fused_activation_codes_change_nothing(mode, tmp_path, monkeypatch):
         outs = llm.generate(prompts, params, use_tqdm=False)
         return [torch.stack(recorder.by_request[o.request_id]) for o in outs]
 
-    monkeypatch.setattr(W8A8LinearMethod, "apply_quantized", counted)
+    groups_seen = []
+
+    def counted_groups(self, layer, x):
+        groups_seen.append(x.group)
+        return counted(self, layer, x)
+
+    if grouped:
+        monkeypatch.setattr(W8A8LinearMethod, "decode_w8a8_max_k", 64)
+    monkeypatch.setattr(W8A8LinearMethod, "apply_quantized", counted_groups)
     fused = run()
     assert max(rows_seen) >= 40 and min(rows_seen) <= 2  # the prefill and the decode steps took codes
+    assert (W8A8LinearMethod.decode_group in groups_seen) == grouped
     monkeypatch.setattr(W8A8LinearMethod, "apply_quantized", requantized)
     separate = run()
     for a, b in zip(fused, separate):
