@@ -272,6 +272,9 @@ def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
     grouped = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, long_k.decode_group)
     assert long_layer.input_quant(long_rows(16)) == grouped
     assert long_layer.input_quant(long_rows(17)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
+    long_k.decode_group = 300  # SiLU-and-mul's groups are powers of two the GEMV's tiles divide
+    with pytest.raises(ValueError, match="decode_group"):
+        long_layer.input_quant(long_rows(16))
     long_k.decode_group = 0
     assert long_layer.input_quant(long_rows(16)) is None
     method.decode_w8a8 = False
