@@ -14,7 +14,7 @@
 #   bash benchmarks/gpu_session.sh decode8   # 8-bit / 4-bit decode: the W8A8 / int4 kernel tests, the wide and
 #                                            # persistent W8A8 sweeps, the int4 row-GEMV sweep, batch 1 per mode
 #
-# On the project's device machine, install the wheels the server side needs first (.whl, carried along):
+# On the project's device machine, install the wheels the server side needs first (carry .whl along):
 #   python -m pip install -q --no-deps .whl/*.whl
 set -uo pipefail
 OUT=${OUT:-gpu_out}

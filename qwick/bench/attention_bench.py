@@ -134,6 +134,12 @@ DECODE_SWEEP = [  # (BLOCK_N, num_warps, num_stages)
     (128, 4, 2),
     (64, 4, 2),
     (64, 8, 2),
+    # an fp8 page is half the bytes of a bf16 one: deeper or longer key tiles keep as many bytes in flight
+    (128, 8, 4),
+    (128, 4, 3),
+    (128, 4, 4),
+    (256, 8, 2),
+    (256, 8, 3),
 ]
 SPLIT_SWEEP = [  # (split_fill, max_num_splits, min_tokens_per_split), with the default kernel config
     (2, 64, 128),
@@ -155,7 +161,7 @@ EXTEND_SWEEP = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 ]
 
 
-def sweep(dtype: torch.dtype, kv_cache_dtype: str = "auto") -> None:
+def sweep(dtype: torch.dtype, kv_cache_dtype: str = "auto", prefill: bool = True) -> None:
     """Time kernel meta-parameters (decode: device time per step over a `kv_cache_dtype` cache; prefill:
     TFLOP/s vs torch SDPA). Decode shapes include batch 256 at a 640-token context, the middle of
     workload 3 (100-1024 prompt and output tokens), where attention is a third of the step."""
@@ -182,6 +188,11 @@ def sweep(dtype: torch.dtype, kv_cache_dtype: str = "auto") -> None:
                 cells.append(f"{'err ' + type(e).__name__[:10]:>15}")
         print(f"{name:>22} " + " ".join(f"{x:>15}" for x in cells), flush=True)
 
+    if prefill:
+        prefill_sweep(dtype)
+
+
+def prefill_sweep(dtype: torch.dtype) -> None:
     print("\nprefill sweep: one row, 28/4 heads, d128 (us; TFLOP/s in brackets)")
     cases = PREFILL_CASES
     print(f"{'config':>22} " + " ".join(f"{f'ctx{c}+{n}':>18}" for c, n in cases))
@@ -248,7 +259,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--prefill", action="store_true", help="also time prefill attention vs torch SDPA")
-    parser.add_argument("--sweep", action="store_true", help="also sweep kernel meta-parameters")
+    parser.add_argument(
+        "--sweep", action="store_true", help="also sweep kernel meta-parameters (prefill ones with --prefill)"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("attention_bench needs a CUDA GPU")
@@ -290,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
             ours, dense = prefill_case(c, n, dtype, None), sdpa_case(c, n, dtype)
             print(f"  ctx {c:>5} + {n:>5} new: triton {ours}   sdpa {dense}")
     if args.sweep:
-        sweep(dtype, args.kv_cache_dtype)
+        sweep(dtype, args.kv_cache_dtype, prefill=args.prefill)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
 
@@ -51,7 +50,6 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -65,9 +63,6 @@ def _gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rm[:, None] * stride_xm
-    if PDL:  # launched before the previous kernel ends: warm L2 with weights, then wait for its outputs
-        prefetch_l2(w_rows, k_start, k_end, n_ok, 2 * BLOCK_K)
-        gdc_wait()
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT and X_GROUP == 0 else tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
@@ -81,8 +76,6 @@ def _gemv_kernel(
             # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
             # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-    if PDL:
-        gdc_launch_dependents()
     acc = acc.to(tl.float32)
     if HAS_SCALE:  # per-output-channel scales of 8-bit weights
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
@@ -106,19 +99,6 @@ def _gemv_kernel(
         SPLIT_K,
         BLOCK_M,
         BLOCK_N,
-    )
-
-
-@triton.jit
-def prefetch_l2(w_rows, k_start, k_end, n_ok, COLS: tl.constexpr):
-    """Ask L2 for the first COLS columns (from k_start, up to k_end) of the rows `w_rows` points at, one
-    128-byte line per request. Weights are never written, so this may run before `gdc_wait`."""
-    LINE: tl.constexpr = 1024 // w_rows.dtype.element_ty.primitive_bitwidth  # elements per 128 bytes
-    cols = k_start + tl.arange(0, COLS // LINE) * LINE
-    ok = n_ok[:, None] & (cols < k_end)[None, :]
-    ptrs = tl.where(ok, w_rows + cols[None, :], w_rows + k_start)
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
     )
 
 
@@ -280,7 +260,6 @@ def gemv(
     x_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     x_group: int | None = None,
-    pdl: bool = False,
 ) -> torch.Tensor:
     """`x @ weight.T + bias` for x [M <= 16, K] (unit stride along K), weight [N, K] contiguous.
 
@@ -339,9 +318,7 @@ def gemv(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=k % k_per_split == 0 and k_per_split % cfg.block_k == 0,
-        PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        launch_pdl=pdl,
     )
     return y
