@@ -195,6 +195,14 @@ def test_decode_rows(head_dim, group, num_kv_heads, dtype):
     run_case(specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
 
 
+@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS[::4], ids=HEAD_IDS[::4])
+def test_decode_rows_at_large_batch(head_dim, group, num_kv_heads, dtype):
+    """75 decode rows: at 64 rows and more the decode kernel runs its large-batch tiles."""
+    specs = [(c + i, 1) for i in range(5) for c in DECODE_CONTEXTS]
+    tri = run_case(specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
+    assert tri._decode_cfg(head_dim, 2, False, len(specs)) != tri._decode_cfg(head_dim, 2, False, 1)
+
+
 @pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS, ids=HEAD_IDS)
 def test_extend_rows(head_dim, group, num_kv_heads, dtype):
     run_case(EXTEND_SPECS, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
