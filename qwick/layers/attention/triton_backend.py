@@ -8,9 +8,9 @@ which is built once on the host from the scheduler's lists and shared by every l
 - decode (rows with one query token): flash-decoding. The grid is (row, kv head, split): each program
   loads the query vectors of the whole GQA group (`G_PAD` >= 16 rows, padded, so `tl.dot` runs on tensor
   cores) and reads each KV page of its context partition once for all of them, with an online softmax.
-  With several splits, each writes its partial output and log-sum-exp, and the last split of a (row, kv
-  head) to finish (an atomic counter) combines them: no second launch. The grid depends only on (padded
-  batch, kv heads, splits): static under CUDA graphs when the split count is fixed (`fixed_num_splits`).
+  With several splits, each writes its partial output and log-sum-exp, and `_decode_reduce_kernel`
+  combines them. The grid depends only on (padded batch, kv heads, splits): static under CUDA graphs when
+  the split count is fixed (`fixed_num_splits`).
 - extend (rows with several query tokens: prefill, chunked prefill, prefill after a prefix hit): a
   flash-attention kernel over (query tile of BLOCK_M tokens, head): the causal mask is offset by the row's
   cached context, and a sliding window moves the first key tile forward. (torch's SDPA on whole prompts
@@ -50,7 +50,6 @@ LOG2E = 1.4426950408889634
 SPLIT_FILL = 2
 MIN_TOKENS_PER_SPLIT = 128
 MAX_NUM_SPLITS = 64
-SPLIT_COUNTERS = 1 << 14  # decode rows x kv heads that split-KV launches serve before the buffer grows
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
 # real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
@@ -96,9 +95,7 @@ def _kv_write_kernel(
     hv = tl.arange(0, H_PAD)
     h = hv[:, None]
     d = tl.arange(0, D_PAD)
-    mask = _tile_mask(
-        (hv < NUM_KV_HEADS) & (hv * 0 + slot >= 0), d, HEAD_DIM, D_PAD
-    )  # a block: the interpreter
+    mask = _tile_mask((hv < NUM_KV_HEADS) & (slot >= 0), d, HEAD_DIM, D_PAD)
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d[None, :], mask=mask)
     if KV_FP8:  # scale in fp32, saturate to e4m3's largest finite value, round to nearest even
@@ -128,7 +125,6 @@ def _decode_kernel(
     out_ptr,
     mid_o_ptr,
     mid_lse_ptr,
-    counter_ptr,
     block_tables_ptr,
     seq_lens_ptr,
     query_start_ptr,
@@ -158,7 +154,6 @@ def _decode_kernel(
     DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr,
     F16_DOT: tl.constexpr,
-    S_CHUNK: tl.constexpr,
 ):
     i = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -211,66 +206,69 @@ def _decode_kernel(
     o = acc / l_safe[:, None]
     if KV_FP8:
         o = o * v_scale  # linear: the split partials combine the same with it applied
-    out_tile = out_ptr + tok * stride_ot + head[:, None] * stride_oh + d[None, :]
     if num_splits == 1:
-        tl.store(out_tile, o.to(out_ptr.dtype.element_ty), mask=gd_mask)
+        tl.store(
+            out_ptr + tok * stride_ot + head[:, None] * stride_oh + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=gd_mask,
+        )
     else:
-        # Splits past the last key tile (a short context under a split count fixed for CUDA graphs) own
-        # nothing: they write nothing, and the reduction reads only the `used` splits before them.
-        used = tl.cdiv(last - first, per_split)
-        mid_row = mid_o_ptr + i * stride_mo_r + head[:, None] * stride_mo_h + d[None, :]
-        lse_row = mid_lse_ptr + i * stride_ml_r + head * stride_ml_h
-        if split < used:
-            tl.store(mid_row + split * stride_mo_s, o, mask=gd_mask)
-            lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-            tl.store(lse_row + split, lse, mask=g_mask)
-        tl.debug_barrier()  # every thread's partial is written before the release below
-        counter = counter_ptr + i * tl.num_programs(1) + kvh
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-            _combine_splits(
-                out_tile, mid_row, lse_row, used, stride_mo_s, gd_mask, g_mask, G_PAD, D_PAD, S_CHUNK
-            )
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+        mid = mid_o_ptr + i * stride_mo_r + head[:, None] * stride_mo_h + split * stride_mo_s + d[None, :]
+        tl.store(mid, o, mask=gd_mask)
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(mid_lse_ptr + i * stride_ml_r + head * stride_ml_h + split, lse, mask=g_mask)
 
 
-@triton.jit
-def _combine_splits(
-    out_tile,
-    mid_row,
-    lse_row,
-    used,
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_reduce_kernel(
+    mid_o_ptr,
+    mid_lse_ptr,
+    out_ptr,
+    query_start_ptr,
+    rows_ptr,
+    num_splits,
+    stride_mo_r,
+    stride_mo_h,
     stride_mo_s,
-    gd_mask,
-    g_mask,
-    G_PAD: tl.constexpr,
+    stride_ml_r,
+    stride_ml_h,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
     S_CHUNK: tl.constexpr,
 ):
-    """The last split of a (row, kv head) to finish merges the `used` partials of its query heads:
-    out = sum_s w_s * o_s / sum_s w_s, w_s = 2^(lse_s - max lse), S_CHUNK splits at a time with a running
-    maximum (empty partials have lse = -inf). The partials were written by other programs: read past L1."""
-    m = tl.full([G_PAD], float("-inf"), tl.float32)
-    den = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    for s0 in range(0, used, S_CHUNK):
+    """out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse); empty splits have lse = -inf."""
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    row = tl.load(rows_ptr + i)
+    tok = tl.load(query_start_ptr + row).to(tl.int64)
+    lse_row = mid_lse_ptr + i * stride_ml_r + h * stride_ml_h
+    s = tl.arange(0, S_PAD)
+    lse = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    denom = tl.sum(tl.exp2(lse - mx), 0)
+    denom = tl.where(denom > 0, denom, 1.0)
+    d = tl.arange(0, D_PAD)
+    acc = tl.zeros([D_PAD], tl.float32)
+    o_row = mid_o_ptr + i * stride_mo_r + h * stride_mo_h
+    for s0 in range(0, num_splits, S_CHUNK):
         sc = s0 + tl.arange(0, S_CHUNK)
-        s_ok = g_mask[:, None] & (sc < used)[None, :]
-        lse = tl.load(lse_row[:, None] + sc[None, :], mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-        m_new = tl.maximum(m, tl.max(lse, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        w = tl.exp2(lse - m_safe[:, None])  # [G_PAD, S_CHUNK]
+        sc_mask = sc < num_splits
+        w = tl.exp2(tl.load(lse_row + sc, mask=sc_mask, other=float("-inf")) - mx)
         o = tl.load(
-            mid_row[:, None, :] + sc[None, :, None] * stride_mo_s,
-            mask=gd_mask[:, None, :] & (sc < used)[None, :, None],
+            o_row + sc[:, None] * stride_mo_s + d[None, :],
+            mask=_tile_mask(sc_mask, d, HEAD_DIM, D_PAD),
             other=0.0,
-            cache_modifier=".cg",
         )
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 1)
-        den = den * alpha + tl.sum(w, 1)
-        m = m_new
-    den = tl.where(den > 0, den, 1.0)
-    tl.store(out_tile, (acc / den[:, None]).to(out_tile.dtype.element_ty), mask=gd_mask)
+        acc += tl.sum(w[:, None] * o, 0)
+    res = (acc / denom).to(out_ptr.dtype.element_ty)
+    if D_PAD == HEAD_DIM:
+        tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, res)
+    else:
+        tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, res, mask=d < HEAD_DIM)
 
 
 @triton.jit
@@ -456,10 +454,6 @@ class TritonAttentionBackend(AttentionBackend):
         self.max_num_splits = MAX_NUM_SPLITS
         self.decode_config: dict | None = None
         self.extend_config: dict | None = None
-        # One arrival counter per (decode row, kv head) for split-KV decoding: zero between launches (the
-        # last split resets its own), so made once, outside any CUDA-graph capture, and shared by every
-        # layer (their launches never overlap on a stream).
-        self._counters = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=self.device)
 
     # ---- tuning --------------------------------------------------------------------------------------
     def _decode_cfg(self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int) -> dict:
@@ -487,15 +481,6 @@ class TritonAttentionBackend(AttentionBackend):
         if head_dim > 64 and max_query_len >= 128:
             return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
         return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-
-    def _split_counters(self, n: int) -> torch.Tensor:
-        if n > self._counters.numel():
-            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(
-                    f"{n} split-KV counters needed inside a CUDA-graph capture; have {self._counters.numel()}"
-                )
-            self._counters = torch.zeros(triton.next_power_of_2(n), dtype=torch.int32, device=self.device)
-        return self._counters
 
     # ---- metadata ------------------------------------------------------------------------------------
     def build_metadata(self, rows: list[AttentionRow]) -> AttentionMetadata:
@@ -650,7 +635,6 @@ class TritonAttentionBackend(AttentionBackend):
             out,
             mid_o,
             mid_lse,
-            self._split_counters(plan.num_decode * num_kv_heads),
             md.block_tables,
             md.seq_lens,
             md.query_start_loc,
@@ -679,9 +663,29 @@ class TritonAttentionBackend(AttentionBackend):
             DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
             KV_FP8=is_fp8_kv(kv_cache.dtype),
             F16_DOT=is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
-            S_CHUNK=min(_pow2(splits), cfg["num_warps"]),
             **cfg,
         )
+        if splits > 1:
+            _decode_reduce_kernel[(plan.num_decode, num_heads)](
+                mid_o,
+                mid_lse,
+                out,
+                md.query_start_loc,
+                plan.decode_rows,
+                splits,
+                mid_o.stride(0),
+                mid_o.stride(1),
+                mid_o.stride(2),
+                mid_lse.stride(0),
+                mid_lse.stride(1),
+                out.stride(0),
+                out.stride(1),
+                HEAD_DIM=head_dim,
+                D_PAD=d_pad,
+                S_PAD=_pow2(splits, 16),
+                S_CHUNK=min(_pow2(splits, 16), 64),
+                num_warps=4,
+            )
 
     def _extend(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window) -> None:
         num_heads, head_dim = q.shape[1], q.shape[2]
