@@ -16,7 +16,7 @@ from qwick.layers.norm import RMSNorm
 from qwick.layers.rotary import apply_rotary
 from tests.triton_utils import INTERPRET, triton_device
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.interpret]
 DTYPES = [torch.float16] if INTERPRET else [torch.bfloat16, torch.float16, torch.float32]
 
 

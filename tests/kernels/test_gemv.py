@@ -12,7 +12,7 @@ import torch
 
 from tests.triton_utils import INTERPRET, gemv_workspace, triton_device
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.interpret]
 
 # (N, K): qwen2.5-7b qkv, o, gate_up, down; qwen2.5-14b qkv, down; odd sizes
 SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (7168, 5120), (5120, 13824), (1000, 900)]

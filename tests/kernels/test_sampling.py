@@ -45,7 +45,9 @@ def _race_reference(logits: torch.Tensor, temperature: torch.Tensor | None, seed
     return (x.softmax(dim=-1) / q).argmax(dim=-1)
 
 
-@pytest.mark.parametrize("batch", [1, 3, 300])
+@pytest.mark.parametrize(
+    "batch", [pytest.param(1, marks=pytest.mark.interpret), pytest.param(3, marks=pytest.mark.interpret), 300]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_race_sample_picks_the_races_winner(batch, dtype):
     """One pass in log space gives the token of the softmax / noise race, with each row keyed by
@@ -69,6 +71,7 @@ def test_race_sample_picks_the_races_winner(batch, dtype):
     assert torch.equal(race_sample(logits, temperature, 5, seeds), race_sample(logits, temperature, base))
 
 
+@pytest.mark.interpret
 def test_race_sample_seeded_row_ignores_the_batch():
     from qwick.kernels.sampling import race_sample
 
@@ -82,6 +85,7 @@ def test_race_sample_seeded_row_ignores_the_batch():
     assert race_sample(logits[:0], None, 1 << 40).shape == (0,)  # no rows: no launch, no division by zero
 
 
+@pytest.mark.interpret
 def test_race_sample_follows_the_softmax():
     """Frequencies over 4096 draws of one row track softmax(logits / t); -inf columns never win."""
     from qwick.kernels.sampling import race_sample

@@ -14,7 +14,7 @@ from qwick.quantization.formats import gguf_quant, gptq, rtn
 from qwick.quantization.formats.layout import QuantizedWeight, dequantize, fuse_n
 from tests.triton_utils import INTERPRET, gemv_workspace, triton_device
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.interpret]
 
 # (N, K): qwen2.5-7b qkv, o, gate_up, down; an N that is not a multiple of the tile
 SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (1000, 1024)]

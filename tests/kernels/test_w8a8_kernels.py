@@ -208,6 +208,7 @@ def test_gpu_paths_are_the_fast_ones(monkeypatch):
         layer(torch.randn(3, 3584, device=device, dtype=torch.bfloat16))
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("m", [1, 5, 33])
 @pytest.mark.parametrize("n,k", [(256, 384), (200, 320)])
 def test_block_kernel(m, n, k):
@@ -231,6 +232,7 @@ def test_block_kernel(m, n, k):
 GEMV_SHAPES = [(96, 512), (40, 1100)] if INTERPRET else SHAPES
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 @pytest.mark.parametrize("n,k", GEMV_SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 16])
@@ -284,6 +286,7 @@ def _check(y: torch.Tensor, ref: torch.Tensor, m: int, n: int, out_dtype: torch.
     assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 @pytest.mark.parametrize("n,k", GEMV_SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 16])
@@ -302,6 +305,7 @@ def test_gemv_on_8bit_codes_both_sides(qdtype, n, k, m):
     assert int(ws.counters.abs().sum()) == 0
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 @pytest.mark.parametrize("n,k", [(96, 1536), (40, 1100)] if INTERPRET else [(3584, 18944), (5120, 13824)])
 @pytest.mark.parametrize("m", [1, 3, 16])
@@ -329,6 +333,7 @@ def test_gemv_with_group_scaled_codes(qdtype, n, k, m):
 QUANT_SHAPES = [(1, 300), (5, 2100)] if INTERPRET else [(1, 3584), (5, 300), (33, 18944)]
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 @pytest.mark.parametrize("group", [None, 128])
 @pytest.mark.parametrize("m,k", QUANT_SHAPES)
@@ -363,6 +368,7 @@ ROWWISE_CASES = (
 )
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("m,n,k", ROWWISE_CASES)
 def test_rowwise_fp8_mm(m, n, k):
     """The mid-M fp8 GEMM (per-token x per-channel scales, split-K) against float64 on the same codes: the

@@ -168,6 +168,16 @@ HEAD_CONFIGS = [
     (64, 1, 4, torch.float16),
 ]
 HEAD_IDS = [f"D{d}-G{g}-kv{h}-{str(t)[6:]}" for d, g, h, t in HEAD_CONFIGS]
+INTERPRETED = {"D128-G7-kv4-bfloat16", "D64-G5-kv2-float16"}  # the configs the CPU CI also interprets
+
+
+def head_params() -> list:
+    """HEAD_CONFIGS as test parameters, the INTERPRETED ones marked `interpret`."""
+    return [
+        pytest.param(*c, id=i, marks=[pytest.mark.interpret] if i in INTERPRETED else [])
+        for c, i in zip(HEAD_CONFIGS, HEAD_IDS)
+    ]
+
 
 # Decode contexts around block (16) and tile (64) boundaries, plus a few longer ones.
 DECODE_CONTEXTS = [0, 1, 14, 15, 16, 17, 63, 64, 65, 127, 200, 511, 1000, 2047, 4100]
@@ -189,7 +199,7 @@ EXTEND_SPECS = [
 ]
 
 
-@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS, ids=HEAD_IDS)
+@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", head_params())
 def test_decode_rows(head_dim, group, num_kv_heads, dtype):
     specs = [(c, 1) for c in DECODE_CONTEXTS]
     run_case(specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
@@ -203,11 +213,12 @@ def test_decode_rows_at_large_batch(head_dim, group, num_kv_heads, dtype):
     assert tri._decode_cfg(head_dim, 2, False, len(specs)) != tri._decode_cfg(head_dim, 2, False, 1)
 
 
-@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS, ids=HEAD_IDS)
+@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", head_params())
 def test_extend_rows(head_dim, group, num_kv_heads, dtype):
     run_case(EXTEND_SPECS, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("block_size", [16, 4, 32])
 @pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS[::3], ids=HEAD_IDS[::3])
 def test_mixed_decode_and_extend(block_size, head_dim, group, num_kv_heads, dtype):
@@ -217,6 +228,7 @@ def test_mixed_decode_and_extend(block_size, head_dim, group, num_kv_heads, dtyp
     )
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("window", [1, 16, 50, 128, 4096])
 @pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS[:1] + HEAD_CONFIGS[5:6])
 def test_sliding_window(window, head_dim, group, num_kv_heads, dtype):
@@ -231,6 +243,7 @@ def test_sliding_window(window, head_dim, group, num_kv_heads, dtype):
     )
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_float32_and_small_head_dims(dtype):
     # fp32 through IEEE dots; head_dim 16/32 (the tiny test models) are padded to tl.dot's minimum.
@@ -254,6 +267,7 @@ def test_long_context_decode_split_kv(context, batch):
     assert tri.num_splits(batch, 4, context) > 1  # the split-KV path and its reduction ran
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("splits", [1, 2, 3, 7, 64])
 def test_fixed_split_counts(splits):
     # Fixed counts (as a CUDA-graph runner would set): more splits than tiles leaves some splits empty.
@@ -295,6 +309,7 @@ def test_chunked_prefill_matches_one_shot():
         assert torch.equal(cache.float(), cache_r.to(dtype).float())
 
 
+@pytest.mark.interpret
 def test_negative_slots_are_skipped():
     device = triton_device()
     bs, hkv, d = 16, 2, 64

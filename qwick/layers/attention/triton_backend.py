@@ -95,7 +95,8 @@ def _kv_write_kernel(
     hv = tl.arange(0, H_PAD)
     h = hv[:, None]
     d = tl.arange(0, D_PAD)
-    mask = _tile_mask((hv < NUM_KV_HEADS) & (slot >= 0), d, HEAD_DIM, D_PAD)
+    # `hv * 0 + slot`: a block, not a scalar, in the AND (the Triton interpreter rejects the mixed mask)
+    mask = _tile_mask((hv < NUM_KV_HEADS) & (hv * 0 + slot >= 0), d, HEAD_DIM, D_PAD)
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d[None, :], mask=mask)
     if KV_FP8:  # scale in fp32, saturate to e4m3's largest finite value, round to nearest even

@@ -87,6 +87,7 @@ def test_fp8_extend_rows(head_dim, group, num_kv_heads, dtype, k_scale, v_scale)
     )
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("block_size,window", [(16, None), (4, None), (32, 50)])
 def test_fp8_mixed_decode_and_extend(block_size, window):
     specs = [(30, 1), (0, 40), (7, 1), (130, 1), (33, 20), (0, 1), (64, 1), (500, 70), (1, 1)]
@@ -104,6 +105,7 @@ def test_fp8_mixed_decode_and_extend(block_size, window):
         )
 
 
+@pytest.mark.interpret
 def test_fp8_float32_queries():
     run_case([(0, 19), (40, 1), (3, 5), (129, 1)], head_dim=64, group=2, dtype=torch.float32, block_size=4)
 
