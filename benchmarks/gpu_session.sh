@@ -13,6 +13,7 @@
 #                                            # fp8 GEMM accumulation modes, fp8 GEMMs at 17 <= M <= 256
 #   bash benchmarks/gpu_session.sh decode8   # 8-bit / 4-bit decode: the W8A8 / int4 kernel tests, the wide and
 #                                            # persistent W8A8 sweeps, the int4 row-GEMV sweep, batch 1 per mode
+#   bash benchmarks/gpu_session.sh int4h2    # the int4 row GEMV in packed fp16 (f16x2) against today's
 #
 # On the project's device machine, install the wheels the server side needs first (carry .whl along):
 #   python -m pip install -q --no-deps .whl/*.whl
@@ -103,8 +104,11 @@ case "${1:-}" in
       run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
     done
     ;;
+  int4h2)
+    python benchmarks/int4_half2_gemv.py "$OUT/int4_half2.json" 2>&1 | tee "$OUT/int4_half2.log" | grep -v "^skip"
+    ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4h2" >&2
     exit 2
     ;;
 esac
