@@ -124,6 +124,28 @@ def _row_epilogue(
 
 
 @triton.jit
+def group_scale_and_zero(s_rows, z_rows, g, n_ok, ZERO_POINT: tl.constexpr, ZERO_MODE: tl.constexpr):
+    """Group g's scale and zero point of each row, in fp32 (the zero point a tensor's or a constant)."""
+    s = tl.load(s_rows + g, mask=n_ok, other=0.0).to(tl.float32)
+    if ZERO_MODE == 1:
+        z = tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)
+    else:
+        z = tl.zeros(s.shape, dtype=tl.float32) + ZERO_POINT
+    return s, z
+
+
+@triton.jit
+def row_split(N, KW, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    """The program's output rows (and their mask) and its split's range [j_start, j_end) of K's words."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
+    j_start = pid_k * w_per_split
+    return pid_n, pid_k, rn, rn < N, j_start, tl.minimum(j_start + w_per_split, KW)
+
+
+@triton.jit
 def _w4_row_kernel(
     x_ptr,
     qw_ptr,
@@ -150,14 +172,8 @@ def _w4_row_kernel(
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]), one group g per tile of K.
 
     z is an integer (a zero-point tensor or constant), so every `f * 16^-p - (2^(23 - 4p) + z)` is exact."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n, pid_k, rn, n_ok, j_start, j_end = row_split(N, KW, SPLIT_K, BLOCK_N, BLOCK_W)
     rj = tl.arange(0, BLOCK_W)
-    n_ok = rn < N
-    w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
-    j_start = pid_k * w_per_split
-    j_end = tl.minimum(j_start + w_per_split, KW)
     rn64 = rn.to(tl.int64)
     q_rows = qw_ptr + rn64[:, None] * stride_qn
     s_rows = s_ptr + rn64 * stride_sn
@@ -177,11 +193,7 @@ def _w4_row_kernel(
             )
         else:
             words = tl.load(q_rows + cols[None, :], mask=n_ok[:, None], other=0)
-        s = tl.load(s_rows + g, mask=n_ok, other=0.0).to(tl.float32)
-        if ZERO_MODE == 1:
-            z = tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)
-        else:
-            z = tl.zeros((BLOCK_N,), dtype=tl.float32) + ZERO_POINT
+        s, z = group_scale_and_zero(s_rows, z_rows, g, n_ok, ZERO_POINT, ZERO_MODE)
         # q - z = f * 16^-p - (2^(23 - 4p) + z) for the nibble at position p of its (shifted) word
         z0 = (z + 8388608.0)[:, None]
         z1 = (z + 524288.0)[:, None]
@@ -244,6 +256,33 @@ def _check_workspace(ws: GemvWorkspace, n: int, cfg: RowGemvConfig) -> int:
     return tiles
 
 
+def weight_args(
+    weight: QuantizedWeight, bias: torch.Tensor | None, y: torch.Tensor, ws: GemvWorkspace
+) -> tuple[tuple, dict]:
+    """The int4 row kernels' arguments after x: (codes, scales, zero points, bias, y, workspace, N, KW,
+    strides), and the meta-parameters of the zero point and bias (dummies stand in for absent tensors)."""
+    zeros = weight.zeros if weight.zeros is not None else weight.scales
+    args = (
+        weight.qweight,
+        weight.scales,
+        zeros,
+        bias if bias is not None else weight.scales,
+        y,
+        ws.partials,
+        ws.counters,
+        weight.shape[0],
+        weight.shape[1] // 8,
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+    )
+    meta = {
+        "ZERO_POINT": weight.zero_point,
+        "ZERO_MODE": ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,
+        "HAS_BIAS": bias is not None,
+    }
+    return args, meta
+
+
 def w4_row_supported(weight: QuantizedWeight) -> bool:
     """Whether `w4_row_gemv` takes this weight: int4 with integer zero points in groups of 64-256 (AWQ,
     GPTQ, RTN int4). GGUF's Q4_K (mins, 32-element groups) stays on `qwick.kernels.w4a16`."""
@@ -272,28 +311,13 @@ def w4_row_gemv(
     if cfg.block_k != group_words:
         raise ValueError(f"the tile must be one group deep ({group_words} words), got {cfg.block_k}")
     tiles = _check_workspace(ws, n, cfg)
-    if weight.zeros is not None:
-        mode, extra = ZERO_TENSOR, weight.zeros
-    else:
-        mode, extra = ZERO_CONST, weight.scales
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    args, meta = weight_args(weight, bias, y, ws)
     _w4_row_kernel[(tiles, cfg.split_k)](
         x,
-        weight.qweight,
-        weight.scales,
-        extra,
-        bias if bias is not None else weight.scales,
-        y,
-        ws.partials,
-        ws.counters,
-        n,
-        kw,
-        weight.qweight.stride(0),
-        weight.scales.stride(0),
+        *args,
         FLOAT_2_23_BITS,
-        ZERO_POINT=weight.zero_point,
-        ZERO_MODE=mode,
-        HAS_BIAS=bias is not None,
+        **meta,
         SPLIT_K=cfg.split_k,
         PREFETCH=cfg.prefetch,
         LOOP_STAGES=cfg.loop_stages,

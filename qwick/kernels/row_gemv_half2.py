@@ -31,9 +31,11 @@ from qwick.kernels.row_gemv import (
     _check_workspace,
     _row_epilogue,
     default_w4_config,
+    group_scale_and_zero,
+    row_split,
     w4_row_supported,
+    weight_args,
 )
-from qwick.kernels.w4a16 import ZERO_CONST, ZERO_TENSOR
 from qwick.quantization.formats.layout import QuantizedWeight
 
 X_DIV = 64.0
@@ -137,16 +139,10 @@ def _w4_half2_kernel(
 ):
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); x as `half2_pairs`, one group
     per tile of K, handled four words (one DOT4_ASM call) at a time."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn < N
+    pid_n, pid_k, rn, n_ok, j_start, j_end = row_split(N, KW, SPLIT_K, BLOCK_N, BLOCK_W)
     C: tl.constexpr = BLOCK_W // 4
     rc = tl.arange(0, C)
     r4 = tl.arange(0, 4)
-    w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
-    j_start = pid_k * w_per_split
-    j_end = tl.minimum(j_start + w_per_split, KW)
     rn64 = rn.to(tl.int64)
     q_rows = qw_ptr + rn64[:, None, None] * stride_qn
     s_rows = s_ptr + rn64 * stride_sn
@@ -163,11 +159,7 @@ def _w4_half2_kernel(
         xb0, xb1, xb2, xb3 = _split4(pb.reshape(C, 2, 2))
         xc0, xc1, xc2, xc3 = _split4(pc.reshape(C, 2, 2))
         xd0, xd1, xd2, xd3 = _split4(pd.reshape(C, 2, 2))
-        s = tl.load(s_rows + g, mask=n_ok, other=0.0).to(tl.float32)
-        if ZERO_MODE == 1:
-            z = tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)
-        else:
-            z = tl.zeros((BLOCK_N,), dtype=tl.float32) + ZERO_POINT
+        s, z = group_scale_and_zero(s_rows, z_rows, g, n_ok, ZERO_POINT, ZERO_MODE)
         if EMULATE:  # the interpreter runs no PTX
             xs4 = (
                 (xa0, xb0, xc0, xd0), (xa1, xb1, xc1, xd1), (xa2, xb2, xc2, xd2), (xa3, xb3, xc3, xd3)
@@ -231,27 +223,12 @@ def w4_half2_gemv(
         raise ValueError(f"the tile must be one group deep ({group_words} words), without prefetch: {cfg}")
     tiles = _check_workspace(ws, n, cfg)
     pairs = half2_pairs(x.contiguous())
-    if weight.zeros is not None:
-        mode, extra = ZERO_TENSOR, weight.zeros
-    else:
-        mode, extra = ZERO_CONST, weight.scales
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    args, meta = weight_args(weight, bias, y, ws)
     _w4_half2_kernel[(tiles, cfg.split_k)](
         pairs,
-        weight.qweight,
-        weight.scales,
-        extra,
-        bias if bias is not None else weight.scales,
-        y,
-        ws.partials,
-        ws.counters,
-        n,
-        kw,
-        weight.qweight.stride(0),
-        weight.scales.stride(0),
-        ZERO_POINT=weight.zero_point,
-        ZERO_MODE=mode,
-        HAS_BIAS=bias is not None,
+        *args,
+        **meta,
         SPLIT_K=cfg.split_k,
         LOOP_STAGES=cfg.loop_stages,
         BLOCK_N=cfg.block_n,
