@@ -61,11 +61,26 @@ def _rms_norm_kernel(
     y = (w * normed).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
     if QUANT:  # the row's codes and scale, as `quantize_rows` would make them from `out`
-        yf = y.to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(yf), axis=0), MIN_AMAX) * INV_QMAX
-        tl.store(s_ptr + row, scale)
-        codes = codes_of(yf, scale, QMAX, IS_INT)
-        tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
+        _store_codes(y, q_ptr + row * stride_q + cols, s_ptr + row, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
+
+
+@triton.jit
+def _store_codes(
+    y,
+    q_ptrs,
+    s_ptr,
+    mask,
+    QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+):
+    """The codes of the values `y` (all in registers; masked lanes 0) at one scale, their absmax over
+    qmax, as `quantize_rows` makes them: the scale to `s_ptr`, the codes to `q_ptrs`."""
+    yf = y.to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(yf), axis=0), MIN_AMAX) * INV_QMAX
+    tl.store(s_ptr, scale)
+    tl.store(q_ptrs, codes_of(yf, scale, QMAX, IS_INT).to(q_ptrs.dtype.element_ty), mask=mask)
 
 
 def _row_codes(x: torch.Tensor, quant: RowQuant | None) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -303,11 +318,8 @@ def _silu_and_mul_group_quant_kernel(
     mask = cols < N
     y = _silu_mul(x_ptr + row * stride_x, cols, mask, N)  # 0 where masked: silu(0) * 0
     tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
-    yf = y.to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(yf), axis=0), MIN_AMAX) * INV_QMAX
-    tl.store(s_ptr + row * stride_s + g, scale)
-    codes = codes_of(yf, scale, QMAX, IS_INT)
-    tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
+    q_ptrs = q_ptr + row * stride_q + cols
+    _store_codes(y, q_ptrs, s_ptr + row * stride_s + g, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
 
 
 def silu_and_mul_quant(
