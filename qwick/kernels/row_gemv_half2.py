@@ -39,6 +39,9 @@ from qwick.kernels.row_gemv import (
 from qwick.quantization.formats.layout import QuantizedWeight
 
 X_DIV = 64.0
+# The interpreter runs no PTX: there the kernel computes the same products in fp32 (read once, as Triton
+# itself reads the variable when the kernels are defined).
+_EMULATE = os.environ.get("TRITON_INTERPRET") == "1"
 _X_DIV = tl.constexpr(X_DIV)
 
 
@@ -197,11 +200,6 @@ def half2_pairs(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def w4_half2_supported(weight: QuantizedWeight) -> bool:
-    """`w4_row_supported` weights (int4, integer zero points, groups of 64-256: whole 4-word chunks)."""
-    return w4_row_supported(weight)
-
-
 def w4_half2_gemv(
     x: torch.Tensor,
     weight: QuantizedWeight,
@@ -212,7 +210,7 @@ def w4_half2_gemv(
     """`x @ W.T + bias` for one row x [1, K] of 16-bit activations and an int4 `QuantizedWeight`, in f16x2
     arithmetic (see the module docstring). `config.prefetch` is not supported (the loop is plain)."""
     n, k = weight.shape
-    if x.shape != (1, k) or not w4_half2_supported(weight):
+    if x.shape != (1, k) or not w4_row_supported(weight):
         raise ValueError(f"w4_half2_gemv needs x [1, {k}] and int4 groups of 64-256, got {weight.group_size}")
     if weight.perm is not None:  # act-order: the weight's K is stored grouped; gather x to match
         x = x.index_select(1, weight.perm)
@@ -234,7 +232,7 @@ def w4_half2_gemv(
         BLOCK_N=cfg.block_n,
         BLOCK_W=group_words,
         ASM=DOT4_ASM,
-        EMULATE=os.environ.get("TRITON_INTERPRET") == "1",
+        EMULATE=_EMULATE,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

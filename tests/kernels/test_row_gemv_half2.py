@@ -13,6 +13,7 @@ from tests.triton_utils import gemv_workspace, triton_device
 
 pytestmark = [pytest.mark.gpu, pytest.mark.interpret]
 
+
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_pairs_are_the_fp16_activations_in_nibble_order(x_dtype):
     from qwick.kernels.row_gemv_half2 import X_DIV, half2_pairs
