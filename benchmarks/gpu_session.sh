@@ -11,8 +11,8 @@
 #   bash benchmarks/gpu_session.sh attn      # attention kernels: decode bf16 vs fp8 cache (+ sweep), prefill vs SDPA
 #   bash benchmarks/gpu_session.sh profile   # where time goes: 2048-token TTFT, batch-1 step, fp8 workload 3,
 #                                            # fp8 GEMM accumulation modes, fp8 GEMMs at 17 <= M <= 256
-#   bash benchmarks/gpu_session.sh decode8   # 8-bit / 4-bit decode: the W8A8 / int4 kernel tests, the wide and
-#                                            # persistent W8A8 sweeps, the int4 row-GEMV sweep, batch 1 per mode
+#   bash benchmarks/gpu_session.sh decode8   # 8-bit / 4-bit decode: the W8A8 / int4 kernel tests, the wide
+#                                            # W8A8 sweep, the int4 row-GEMV sweep, batch 1 per mode
 #   bash benchmarks/gpu_session.sh int4h2    # the int4 row GEMV in packed fp16 (f16x2): tests, sweep against
 #                                            # today's, batch 1 with and without it
 #
@@ -98,7 +98,7 @@ case "${1:-}" in
       tests/kernels/test_elementwise.py tests/quantization/test_w8a8_gpu.py tests/quantization/test_w8a8_layer.py \
       2>&1 | tail -3
     python benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant_kernels.log" | tail -4
-    MS=1 WIDE=1 PERSIST=1 SAMPLE=24 BUDGET_S=150 python benchmarks/w8a8_gemv_sweep.py "$OUT/w8a8_wide.json" 2>&1 \
+    MS=1 WIDE=1 SAMPLE=24 BUDGET_S=150 python benchmarks/w8a8_gemv_sweep.py "$OUT/w8a8_wide.json" 2>&1 \
       | grep -E "^(gate|down|qkv|o )"
     MODES=int4 BUDGET_S=90 python benchmarks/row_gemv_sweep.py "$OUT/row_gemv_int4.json" 2>&1 | tail -6
     for q in fp8 int8 int4; do

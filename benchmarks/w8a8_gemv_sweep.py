@@ -6,7 +6,8 @@ per weight per thread, twice the bf16 kernel's, with 25% theoretical occupancy (
 program: three stages of a 16-row bf16 activation tile beside the codes). W8A8 stages 8-bit activations and
 needs no conversion. Prints a table per layer shape, weight type and M; writes JSON to argv[1].
 
-PERSIST=1 also tries a persistent variant of the W8A8 kernel (below); WIDE=1 a wider launch space.
+WIDE=1 tries a wider launch space. (A persistent variant, PERSIST=1 at `f28a9be`, measured no faster on
+the H200: 46.8 against 46.3 us at the fp8 gate/up; BENCHMARKS.md, fifth session of 12-01.)
 
 Times are `triton.testing.do_bench` medians (L2 flushed); TB/s counts the weight codes. Errors are relative
 Frobenius norms against float64 products of the same codes (W8A8 also against the unquantized x, to show
@@ -23,7 +24,6 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
 sys.path.insert(0, os.getcwd())
 from qwick.kernels.gemv import GemvConfig, GemvWorkspace, gemv  # noqa: E402
@@ -38,67 +38,6 @@ BUDGET_S = float(os.environ.get("BUDGET_S", "300"))
 T0 = time.time()
 dev = torch.device("cuda")
 ws = GemvWorkspace(dev, max_elems=1 << 24)
-
-
-# A persistent variant (PERSIST=1 adds it to the sweep): NUM_PROGRAMS programs walk the output tiles, and
-# `flatten` fuses the tile and K loops into one software-pipelined loop, so a program's loads run on from
-# one tile into the next instead of draining at every tile's end. Compiles for sm_90 with triton 3.6 (one
-# fused loop in the TTGIR); not yet timed.
-@triton.jit
-def _gemv_persistent_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    xs_ptr,
-    y_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_ym,
-    INT_DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    tiles = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    rm = tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, BLOCK_K)
-    m_ok = rm < M
-    x_rows = x_ptr + rm[:, None] * stride_xm
-    for tile in tl.range(pid, tiles, NUM_PROGRAMS, flatten=True, num_stages=STAGES):
-        rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = rn < N
-        w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT else tl.float32)
-        for kt in range(k_tiles):
-            kk = kt * BLOCK_K + rk
-            w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0)
-            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
-            acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
-        out = acc.to(tl.float32) * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-        out *= tl.load(xs_ptr + rm, mask=m_ok, other=0.0)[:, None]
-        y_ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-        tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-def persistent_gemv(xq, xs, codes, scale, programs_per_sm, block_n, block_k, stages):
-    """The persistent W8A8 variant: y [M, N] bf16 = (xq @ codes.T) * xs * scale."""
-    m, k = xq.shape
-    n = codes.shape[0]
-    y = torch.empty((m, n), dtype=torch.bfloat16, device=xq.device)
-    programs = min(triton.cdiv(n, block_n), ws.num_sms * programs_per_sm)
-    _gemv_persistent_kernel[(programs,)](
-        xq, codes, scale, xs, y, m, n, k, xq.stride(0), codes.stride(0), y.stride(0),
-        INT_DOT=xq.dtype == torch.int8, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-        NUM_PROGRAMS=programs, STAGES=stages, num_warps=4,
-    )  # fmt: skip
-    return y
 
 
 def bench(fn) -> float:
@@ -163,27 +102,8 @@ def case(name: str, n: int, k: int, qdtype: torch.dtype, m: int) -> dict:
             )
         )
         best.append((t, cfg, err, rel(y, ref16)))
-    if os.environ.get("PERSIST") == "1":
-        for pps, bn, bk, st in itertools.product((1, 2, 4), (32, 64), (128, 256), (2, 3, 4)):
-            if time.time() - T0 > BUDGET_S:
-                break
-            args = (xq, xs, codes, scale, pps, bn, bk, st)
-            try:
-                y = persistent_gemv(*args)
-            except Exception as e:  # a launch shape the compiler rejects
-                print(f"skip persistent {args[4:]}: {type(e).__name__} {str(e)[:80]}", flush=True)
-                continue
-            err = rel(y, ref8)
-            if not err < 5e-3:
-                print(f"BAD persistent {name} {row['dtype']} m={m} {args[4:]} err={err:.3g}", flush=True)
-                continue
-            label = f"persistent {pps}/SM {bn}x{bk} stages {st}"
-            best.append((bench(lambda a=args: persistent_gemv(*a)), label, err, rel(y, ref16)))
     best.sort(key=lambda b: b[0])
-    row["w8a8"] = [
-        {"us": t, "cfg": vars(c) if hasattr(c, "__dict__") else str(c), "err": e, "err_vs_bf16_x": e16}
-        for t, c, e, e16 in best[:5]
-    ]
+    row["w8a8"] = [{"us": t, "cfg": vars(c), "err": e, "err_vs_bf16_x": e16} for t, c, e, e16 in best[:5]]
     row["tbps_w8a16"] = codes.numel() / row["w8a16_us"] / 1e6
     if best:
         row["tbps_w8a8"] = codes.numel() / best[0][0] / 1e6
