@@ -106,7 +106,8 @@ case "${1:-}" in
     done
     ;;
   int4h2)
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv_half2.py 2>&1 | tail -3
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py tests/kernels/test_row_gemv_half2.py \
+      tests/quantization/test_int4_on_the_fly.py -k "half2 or row_gemv or decode_half2" 2>&1 | tail -3
     python benchmarks/int4_half2_gemv.py "$OUT/int4_half2.json" 2>&1 | tee "$OUT/int4_half2.log" | grep -v "^skip"
     run int4 $LAT --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/lat_int4.json"
     HALF2="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.decode_half2 = True; \
