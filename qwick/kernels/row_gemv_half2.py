@@ -112,8 +112,64 @@ def _dot4_emulated(ws, xs, z):
         for p in tl.static_range(4):
             lo = ((ws[k] >> (4 * p)) & 0xF).to(tl.float32) - z[:, None]
             hi = ((ws[k] >> (4 * p + 16)) & 0xF).to(tl.float32) - z[:, None]
-            part += lo * _half(xs[k][p])[None, :] + hi * _half(xs[k][p] >> 16)[None, :]
+            part += lo * _half(xs[4 * k + p]) + hi * _half(xs[4 * k + p] >> 16)
     return part
+
+
+@triton.jit
+def _load_tile(qw_ptr, xp_ptr, q_rows, s_rows, z_rows, j, j_end, n_ok, ZERO_POINT, ZERO_MODE, BLOCK_W):
+    """The tile of words j .. j + BLOCK_W (one group), split the way `_tile_dot` takes it: the codes as four
+    [BLOCK_N, C] words (word k of each quad), the activation pairs as 16 [1, C] (word k, shift p at 4k + p),
+    the group's scales and zero points; all zeros past j_end (a prefetch beyond the split). Splitting here,
+    before a prefetched tile is carried into the next iteration, lets the loads produce the layouts the
+    arithmetic uses (carrying the [C, 4, 4] pairs cost four shared-memory round trips per iteration)."""
+    C: tl.constexpr = BLOCK_W // 4
+    BLOCK_N: tl.constexpr = n_ok.shape[0]
+    r4 = tl.arange(0, 4)
+    cols = j + tl.arange(0, C)[:, None] * 4 + r4[None, :]  # [C, 4]: words 4c .. 4c + 3 of the tile
+    col_ok = cols < j_end
+    words = tl.load(q_rows + cols[None, :, :], mask=n_ok[:, None, None] & col_ok[None, :, :], other=0)
+    xs = tl.load(xp_ptr + cols[:, :, None] * 4 + r4[None, None, :], mask=col_ok[:, :, None], other=0)
+    s, z = group_scale_and_zero(
+        s_rows,
+        z_rows,
+        j // BLOCK_W,
+        n_ok & (tl.zeros(n_ok.shape, tl.int32) + j < j_end),
+        ZERO_POINT,
+        ZERO_MODE,
+    )
+    pa, pb, pc, pd = _split4(xs.reshape(C, 4, 2, 2))  # [C, word] per shift
+    xa0, xa1, xa2, xa3 = _split4(pa.reshape(C, 2, 2))
+    xb0, xb1, xb2, xb3 = _split4(pb.reshape(C, 2, 2))
+    xc0, xc1, xc2, xc3 = _split4(pc.reshape(C, 2, 2))
+    xd0, xd1, xd2, xd3 = _split4(pd.reshape(C, 2, 2))
+    pairs = (
+        xa0[None, :], xb0[None, :], xc0[None, :], xd0[None, :],
+        xa1[None, :], xb1[None, :], xc1[None, :], xd1[None, :],
+        xa2[None, :], xb2[None, :], xc2[None, :], xd2[None, :],
+        xa3[None, :], xb3[None, :], xc3[None, :], xd3[None, :],
+    )  # fmt: skip
+    return _split4(words.reshape(BLOCK_N, C, 2, 2)), pairs, s, z
+
+
+@triton.jit
+def _tile_dot(ws, xs, z, ASM: tl.constexpr, EMULATE: tl.constexpr):
+    """[BLOCK_N, C] sums of 32 products (q - z) * x / X_DIV (four words `ws` of a row per element, their
+    pairs `xs`, as `_load_tile` splits them)."""
+    if EMULATE:  # the interpreter runs no PTX
+        return _dot4_emulated(ws, xs, z)
+    zh = _f16_bits(z + 1024.0)
+    return tl.inline_asm_elementwise(
+        ASM,
+        "=r" + ",r" * 21,
+        [ws[0], ws[1], ws[2], ws[3],
+         xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6], xs[7],
+         xs[8], xs[9], xs[10], xs[11], xs[12], xs[13], xs[14], xs[15],
+         (zh | (zh << 16))[:, None]],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -134,6 +190,7 @@ def _w4_half2_kernel(
     ZERO_MODE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
     LOOP_STAGES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
@@ -144,46 +201,53 @@ def _w4_half2_kernel(
     per tile of K, handled four words (one DOT4_ASM call) at a time."""
     pid_n, pid_k, rn, n_ok, j_start, j_end = row_split(N, KW, SPLIT_K, BLOCK_N, BLOCK_W)
     C: tl.constexpr = BLOCK_W // 4
-    rc = tl.arange(0, C)
-    r4 = tl.arange(0, 4)
     rn64 = rn.to(tl.int64)
     q_rows = qw_ptr + rn64[:, None, None] * stride_qn
     s_rows = s_ptr + rn64 * stride_sn
     z_rows = z_ptr + rn64 * stride_sn
     acc = tl.zeros((BLOCK_N, C), dtype=tl.float32)
-    for j in tl.range(j_start, j_end, BLOCK_W, num_stages=LOOP_STAGES):
-        g = j // BLOCK_W
-        cols = j + rc[:, None] * 4 + r4[None, :]  # [C, 4]: words 4c .. 4c + 3 of the tile
-        words = tl.load(q_rows + cols[None, :, :], mask=n_ok[:, None, None], other=0)
-        w0, w1, w2, w3 = _split4(words.reshape(BLOCK_N, C, 2, 2))
-        xs = tl.load(xp_ptr + cols[:, :, None] * 4 + r4[None, None, :])  # [C, word, shift]
-        pa, pb, pc, pd = _split4(xs.reshape(C, 4, 2, 2))  # [C, word] per shift
-        xa0, xa1, xa2, xa3 = _split4(pa.reshape(C, 2, 2))
-        xb0, xb1, xb2, xb3 = _split4(pb.reshape(C, 2, 2))
-        xc0, xc1, xc2, xc3 = _split4(pc.reshape(C, 2, 2))
-        xd0, xd1, xd2, xd3 = _split4(pd.reshape(C, 2, 2))
-        s, z = group_scale_and_zero(s_rows, z_rows, g, n_ok, ZERO_POINT, ZERO_MODE)
-        if EMULATE:  # the interpreter runs no PTX
-            xs4 = (
-                (xa0, xb0, xc0, xd0), (xa1, xb1, xc1, xd1), (xa2, xb2, xc2, xd2), (xa3, xb3, xc3, xd3)
-            )  # fmt: skip
-            part = _dot4_emulated((w0, w1, w2, w3), xs4, z)
-        else:
-            zh = _f16_bits(z + 1024.0)
-            part = tl.inline_asm_elementwise(
-                ASM,
-                "=r" + ",r" * 21,
-                [w0, w1, w2, w3,
-                 xa0[None, :], xb0[None, :], xc0[None, :], xd0[None, :],
-                 xa1[None, :], xb1[None, :], xc1[None, :], xd1[None, :],
-                 xa2[None, :], xb2[None, :], xc2[None, :], xd2[None, :],
-                 xa3[None, :], xb3[None, :], xc3[None, :], xd3[None, :],
-                 (zh | (zh << 16))[:, None]],
-                dtype=tl.float32,
-                is_pure=True,
-                pack=1,
-            )  # fmt: skip
-        acc += s[:, None] * part
+    if PREFETCH:
+        # Two tiles in flight at every wait: tile B is loaded before A is used, and A's next load is issued
+        # before B is used. (A carried prefetch, loaded at the top and used in the next iteration, is sunk
+        # by ptxas to the end of the loop, where the carried registers are free, so it overlaps nothing.)
+        ta = _load_tile(
+            qw_ptr, xp_ptr, q_rows, s_rows, z_rows, j_start, j_end, n_ok, ZERO_POINT, ZERO_MODE, BLOCK_W
+        )
+        for j in tl.range(j_start, j_end, 2 * BLOCK_W):
+            tb = _load_tile(
+                qw_ptr,
+                xp_ptr,
+                q_rows,
+                s_rows,
+                z_rows,
+                j + BLOCK_W,
+                j_end,
+                n_ok,
+                ZERO_POINT,
+                ZERO_MODE,
+                BLOCK_W,
+            )
+            acc += ta[2][:, None] * _tile_dot(ta[0], ta[1], ta[3], ASM, EMULATE)
+            ta = _load_tile(
+                qw_ptr,
+                xp_ptr,
+                q_rows,
+                s_rows,
+                z_rows,
+                j + 2 * BLOCK_W,
+                j_end,
+                n_ok,
+                ZERO_POINT,
+                ZERO_MODE,
+                BLOCK_W,
+            )
+            acc += tb[2][:, None] * _tile_dot(tb[0], tb[1], tb[3], ASM, EMULATE)
+    else:
+        for j in tl.range(j_start, j_end, BLOCK_W, num_stages=LOOP_STAGES):
+            words, xs, s, z = _load_tile(
+                qw_ptr, xp_ptr, q_rows, s_rows, z_rows, j, j_end, n_ok, ZERO_POINT, ZERO_MODE, BLOCK_W
+            )
+            acc += s[:, None] * _tile_dot(words, xs, z, ASM, EMULATE)
     acc *= _X_DIV
     _row_epilogue(
         acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rn, n_ok, pid_n, pid_k, N, HAS_BIAS, SPLIT_K, BLOCK_N
@@ -208,7 +272,7 @@ def w4_half2_gemv(
     config: RowGemvConfig | None = None,
 ) -> torch.Tensor:
     """`x @ W.T + bias` for one row x [1, K] of 16-bit activations and an int4 `QuantizedWeight`, in f16x2
-    arithmetic (see the module docstring). `config.prefetch` is not supported (the loop is plain)."""
+    arithmetic (see the module docstring)."""
     n, k = weight.shape
     if x.shape != (1, k) or not w4_row_supported(weight):
         raise ValueError(f"w4_half2_gemv needs x [1, {k}] and int4 groups of 64-256, got {weight.group_size}")
@@ -217,8 +281,8 @@ def w4_half2_gemv(
     group_words = weight.group_size // 8
     kw = k // 8
     cfg = config or default_w4_config(n, kw, group_words, ws.num_sms)
-    if cfg.block_k != group_words or cfg.prefetch:
-        raise ValueError(f"the tile must be one group deep ({group_words} words), without prefetch: {cfg}")
+    if cfg.block_k != group_words:
+        raise ValueError(f"the tile must be one group deep ({group_words} words), got {cfg.block_k}")
     tiles = _check_workspace(ws, n, cfg)
     pairs = half2_pairs(x.contiguous())
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
@@ -228,6 +292,7 @@ def w4_half2_gemv(
         *args,
         **meta,
         SPLIT_K=cfg.split_k,
+        PREFETCH=cfg.prefetch,
         LOOP_STAGES=cfg.loop_stages,
         BLOCK_N=cfg.block_n,
         BLOCK_W=group_words,
