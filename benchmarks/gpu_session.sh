@@ -13,8 +13,6 @@
 #                                            # fp8 GEMM accumulation modes, fp8 GEMMs at 17 <= M <= 256
 #   bash benchmarks/gpu_session.sh decode8   # 8-bit / 4-bit decode: the W8A8 / int4 kernel tests, the wide
 #                                            # W8A8 sweep, the int4 row-GEMV sweep, batch 1 per mode
-#   bash benchmarks/gpu_session.sh int4h2    # the int4 row GEMV in packed fp16 (f16x2): tests, sweep against
-#                                            # today's, batch 1 with and without it
 #
 # On the project's device machine, install the wheels the server side needs first (carry .whl along):
 #   python -m pip install -q --no-deps .whl/*.whl
@@ -105,18 +103,8 @@ case "${1:-}" in
       run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
     done
     ;;
-  int4h2)
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py tests/kernels/test_row_gemv_half2.py \
-      tests/quantization/test_int4_on_the_fly.py -k "half2 or row_gemv or decode_half2" 2>&1 | tail -3
-    python benchmarks/int4_half2_gemv.py "$OUT/int4_half2.json" 2>&1 | tee "$OUT/int4_half2.log" | grep -v "^skip"
-    run int4 $LAT --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/lat_int4.json"
-    HALF2="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.decode_half2 = True; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    run int4_half2 python -c "$HALF2" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4 \
-      --output-json "$OUT/lat_int4_half2.json"
-    ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4h2" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8" >&2
     exit 2
     ;;
 esac

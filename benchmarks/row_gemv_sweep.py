@@ -3,9 +3,12 @@ variant defined here) against the tensor-core kernels (`gemv` on 8-bit codes, `w
 cuBLAS on the bf16 layer, at the qwen2.5-7b layer shapes. Sweeps launch shapes, checks every candidate
 against a float64 reference, prints a table and writes JSON (argv[1], default row_gemv_sweep.json).
 
-MODES=int8,fp8,int4 picks the weight formats; ONLY=7b.down picks shapes by prefix; BUDGET_S caps the sweep.
-Times are `triton.testing.do_bench` medians (L2 flushed between runs); TB/s counts the bytes of the codes
-(plus scales and zero points for int4).
+MODES=int8,fp8,int4 picks the weight formats; ONLY=7b.down picks shapes by prefix; BUDGET_S caps the sweep;
+GROUP=64|128|256 the int4 group size (default 128). Times are `triton.testing.do_bench` medians (L2 flushed
+between runs), except the int4 row-GEMV candidates: CUDA-graph replays over copies of the weight that
+together overflow the L2, as a model's layers do in a decode graph (per-launch `do_bench` also times the
+host's launch gaps, several us at these sizes). TB/s counts the bytes of the codes (plus scales and zero
+points for int4).
 """
 
 import itertools
@@ -52,6 +55,8 @@ else:  # a smoke test of this script: TRITON_INTERPRET=1 on the CPU, tiny shapes
 SHAPES = {k: v for k, v in SHAPES.items() if k.startswith(os.environ.get("ONLY", ""))}
 MODES = os.environ.get("MODES", "int8,fp8,int4").split(",")
 BUDGET_S = float(os.environ.get("BUDGET_S", "400"))
+GROUP = int(os.environ.get("GROUP", "128"))
+L2_OVERFLOW = 200 << 20  # bytes of weight copies per graph timing: four times the H200's L2
 OUT = sys.argv[1] if len(sys.argv) > 1 else "row_gemv_sweep.json"
 T0 = time.time()
 
@@ -161,8 +166,22 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=100, rep=25, return_mode="median")
 
 
-def sweep(name, run, cands, ref, nbytes):
-    """Time every candidate that matches the reference; returns [(us, label)] sorted."""
+def bench_graph(call, weights: list) -> float:
+    """us per `call(weight)`, replayed in one CUDA graph over `weights` (see the module docstring)."""
+
+    def calls() -> None:
+        for weight in weights:
+            call(weight)
+
+    calls()  # compile outside the capture
+    if dev.type != "cuda":
+        return 1.0
+    return triton.testing.do_bench_cudagraph(calls, rep=30, return_mode="median") * 1e3 / len(weights)
+
+
+def sweep(name, run, cands, ref, nbytes, timer=None):
+    """Time every candidate that matches the reference (with `timer(args)` in us if given); returns
+    [(us, label, TB/s)] sorted."""
     out = []
     for label, args in cands:
         if time.time() - T0 > BUDGET_S:
@@ -174,7 +193,7 @@ def sweep(name, run, cands, ref, nbytes):
             if not err < 5e-3:
                 print(f"BAD {name} {label} err={err:.3g}", flush=True)
                 continue
-            out.append((bench(lambda a=args: run(*a)) * 1e3, label))
+            out.append((timer(args) if timer else bench(lambda a=args: run(*a)) * 1e3, label))
         except Exception as e:  # a shape the compiler rejects (registers, shared memory)
             print(f"skip {name} {label}: {type(e).__name__} {str(e)[:100]}", flush=True)
     out.sort()
@@ -203,17 +222,26 @@ def case(name: str, n: int, k: int, mode: str) -> dict:
         ]
         rows = sweep(name, lambda cfg: w8_row_gemv(x, codes, scale, None, ws, cfg), cands, ref, nbytes)
     else:
-        qw = rtn.quantize(w, group_size=128)
+        qw = rtn.quantize(w, group_size=GROUP)
+        qws = [qw] + [rtn.quantize(w, group_size=GROUP) for _ in range(-(-L2_OVERFLOW // qw.nbytes) - 1)]
         ref = x.double() @ dequantize(qw).double().T
         nbytes = qw.nbytes
         t_old = bench(lambda: quant_matmul(x, qw, None, ws)) * 1e3
-        cands = [("default " + str(default_w4_config(n, k // 8, 16, ws.num_sms)), (None,))]
+        words = GROUP // 8
+        cands = [("default " + str(default_w4_config(n, k // 8, words, ws.num_sms)), (None,))]
         cands += [
-            (f"bn{bn} split{sk} w{nw} pf{int(pf)} ls{ls}", (RowGemvConfig(bn, 16, sk, nw, 1, pf, ls),))
-            for bn, sk, nw, pf, ls in itertools.product((64, 128, 256), splits, (4, 8), (False, True), (1, 3))
+            (f"bn{bn} split{sk} w{nw} pf{int(pf)} ls{ls}", (RowGemvConfig(bn, words, sk, nw, 1, pf, ls),))
+            for bn, sk, nw, pf, ls in itertools.product((32, 64, 128), splits, (4, 8), (False, True), (1, 3))
             if not (pf and ls > 1)  # the register double buffer or the software pipeline, not both
         ]
-        rows = sweep(name, lambda cfg: w4_row_gemv(x, qw, None, ws, cfg), cands, ref, nbytes)
+        rows = sweep(
+            name,
+            lambda cfg: w4_row_gemv(x, qw, None, ws, cfg),
+            cands,
+            ref,
+            nbytes,
+            timer=lambda args: bench_graph(lambda q: w4_row_gemv(x, q, None, ws, args[0]), qws),
+        )
     default = next((r for r in rows if r[1].startswith("default")), None)
     result = {
         "n": n,

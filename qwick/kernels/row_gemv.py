@@ -17,8 +17,11 @@ the word, 3-7 from the word shifted right by 12: one shift and eight mask-ors pe
 The exponent bits (0x4B000000) come in as a kernel argument, not a literal: a 32-bit logic instruction
 (LOP3) takes one immediate, so with both the mask and the exponent as literals ptxas spends two per code;
 with the exponent in a register, one. That is 13% of the loop's instructions (425 -> 368 per iteration at
-the gate/up launch shape, SASS of the sm_90 build), and this kernel is bound by issuing instructions (Nsight
-Compute: 64% of issue slots busy, 1.6 TB/s; benchmarks/gemv_ncu.py).
+the gate/up launch shape, SASS of the sm_90 build). Fewer instructions stopped paying after that: a variant
+in packed fp16 (two codes per `lop3`, `sub`/`fma.f16x2`: half the instructions) streamed no faster, with or
+without a register prefetch or a deeper pipeline (BENCHMARKS.md, sixth session of 12-01; the code is in
+commit 3eccbdc). Wider contiguous reads per row did help a little (groups of 256: 2.04 TB/s at gate/up
+against 1.89 at 128), so DRAM access granularity is part of what keeps int4 near 1.9 TB/s.
 
 The same approach for 8-bit codes (Triton's own int8/fp8 conversion on the CUDA cores, or the bit tricks)
 measured no faster than the tensor-core `qwick.kernels.gemv` on 8-bit codes, which therefore stays their
@@ -239,13 +242,14 @@ class RowGemvConfig:
 
 
 def default_w4_config(n: int, kw: int, group_words: int, num_sms: int) -> RowGemvConfig:
-    """Launch shape for int4, from the H200 sweep (benchmarks/row_gemv_sweep.py): 64-row tiles one group
-    deep; wide outputs (gate/up) stream the whole K through a 3-deep software pipeline (44.8 us at the 7b
-    gate/up against 50.3 with a 2-way split and a register prefetch); narrow ones split K until about
-    four programs per SM are streaming (16-way for a 7b down projection)."""
+    """Launch shape for int4, from the H200 sweeps (CUDA-graph replays over L2-overflowing weight copies):
+    64-row tiles one group deep; wide outputs (gate/up) split K in two, each half through a 3-deep
+    software pipeline (37.7 us at the 7b gate/up against 39.1 for the whole K in one program; batch 1 338.9
+    against 335.5 tok/s); narrow ones split K until about four programs per SM are streaming (16-way for a
+    7b down projection)."""
     block_n = 64
     if n >= 16384:
-        return RowGemvConfig(block_n, group_words, 1, loop_stages=3)
+        return RowGemvConfig(block_n, group_words, 2, loop_stages=3)
     split = split_k_for(triton.cdiv(n, block_n), kw // group_words, num_sms)
     return RowGemvConfig(block_n, group_words, split)
 

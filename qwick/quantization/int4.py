@@ -90,9 +90,6 @@ class PackedLinearMethod(LinearMethod):
     quantized = True
     repacks_weight = True
     workspace = None
-    # Batch-1 decode through the packed-fp16 GEMV (`qwick.kernels.row_gemv_half2`) instead of the fp32 row
-    # GEMV: an experiment, off until the H200 has measured it (`bash benchmarks/gpu_session.sh int4h2`).
-    decode_half2 = False
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
@@ -164,10 +161,6 @@ class PackedLinearMethod(LinearMethod):
 
         m = x.shape[0]
         fast = w4_row_supported(weight)
-        if m == 1 and fast and self.decode_half2:
-            from qwick.kernels.row_gemv_half2 import w4_half2_gemv
-
-            return w4_half2_gemv(x, weight, layer.bias, self.workspace)
         if m == 1 and fast:
             return w4_row_gemv(x, weight, layer.bias, self.workspace)
         if 0 < m <= 16:

@@ -209,31 +209,6 @@ def test_cpu_decode_rows_take_the_int4_kernel(monkeypatch):
     assert len(packs) == 2 and ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
 
 
-@pytest.mark.gpu
-def test_decode_half2_routes_one_row_to_the_f16x2_gemv(monkeypatch):
-    """`PackedLinearMethod.decode_half2`: a one-row bf16 input on the GPU goes through the packed-fp16 GEMV
-    (and only then), with the reference's function."""
-    from qwick.kernels import row_gemv_half2
-    from qwick.quantization.int4 import PackedLinearMethod
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    torch.manual_seed(0)
-    method = Int4Config().linear_method("model.layers.0.mlp.down_proj", ["x"])
-    layer = Linear(512, 64, bias=True, method=method).to("cuda", torch.bfloat16)
-    layer.weight.data.copy_(torch.randn(64, 512) * 0.05)
-    method.process_weights_after_loading(layer)
-    calls = []
-    real = row_gemv_half2.w4_half2_gemv
-    monkeypatch.setattr(row_gemv_half2, "w4_half2_gemv", lambda *a: calls.append(1) or real(*a))
-    for half2, rows in ((False, 1), (True, 1), (True, 2)):
-        monkeypatch.setattr(PackedLinearMethod, "decode_half2", half2)
-        x = torch.randn(rows, 512, device="cuda").bfloat16()
-        y, ref = layer(x).float(), method.apply_reference(layer, x).float()
-        assert ((y - ref).norm() / ref.norm()).item() < 1e-2
-    assert calls == [1]
-
-
 def test_dummy_weights_quantized_on_the_fly(tiny_qwen2_dir, tmp_path):
     path = str(tmp_path / "dummy")
     make_tiny_model("qwen2", path, **QUANTIZABLE_DIMS)
