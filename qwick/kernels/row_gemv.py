@@ -20,8 +20,8 @@ with the exponent in a register, one. That is 13% of the loop's instructions (42
 the gate/up launch shape, SASS of the sm_90 build). Fewer instructions stopped paying after that: a variant
 in packed fp16 (two codes per `lop3`, `sub`/`fma.f16x2`: half the instructions) streamed no faster, with or
 without a register prefetch or a deeper pipeline (BENCHMARKS.md, sixth session of 12-01; the code is in
-commit 3eccbdc). Wider contiguous reads per row did help a little (groups of 256: 2.04 TB/s at gate/up
-against 1.89 at 128), so DRAM access granularity is part of what keeps int4 near 1.9 TB/s.
+commit 3eccbdc), and storing each tile contiguously gained 3.5% (benchmarks/int4_tiled_layout.py): int4
+stays near 1.9 TB/s for a reason the profile does not show yet.
 
 The same approach for 8-bit codes (Triton's own int8/fp8 conversion on the CUDA cores, or the bit tricks)
 measured no faster than the tensor-core `qwick.kernels.gemv` on 8-bit codes, which therefore stays their
