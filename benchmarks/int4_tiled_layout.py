@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.row_gemv import FLOAT_2_23_BITS, _x_of_words  # noqa: E402
+from qwick.kernels.row_gemv import FLOAT_2_23_BITS, _x_of_words, decode_tile_dot  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import dequantize  # noqa: E402
 
@@ -41,23 +41,7 @@ def _kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, KW, stride_sn, exponent, TILED: 
             words = tl.load(qw_ptr + rn.to(tl.int64)[:, None] * KW + g * BLOCK_W + rj[None, :])
         s = tl.load(s_ptr + rn * stride_sn + g).to(tl.float32)
         z = tl.load(z_ptr + rn * stride_sn + g).to(tl.float32)
-        z0 = (z + 8388608.0)[:, None]
-        z1 = (z + 524288.0)[:, None]
-        z2 = (z + 32768.0)[:, None]
-        z3 = (z + 2048.0)[:, None]
-        z4 = (z + 128.0)[:, None]
-        hi = words >> 12
-        x0, x1, x2, x3, x4, x5, x6, x7 = _x_of_words(x_ptr, g * BLOCK_W + rj)
-        part = (((words & 0xF) | exponent).to(tl.float32, bitcast=True) - z0) * x0[None, :]
-        part += (((words & 0xF0) | exponent).to(tl.float32, bitcast=True) * 0.0625 - z1) * x1[None, :]
-        part += (((words & 0xF00) | exponent).to(tl.float32, bitcast=True) * 0.00390625 - z2) * x2[None, :]
-        part += (((hi & 0xF) | exponent).to(tl.float32, bitcast=True) - z0) * x3[None, :]
-        part += (((hi & 0xF0) | exponent).to(tl.float32, bitcast=True) * 0.0625 - z1) * x4[None, :]
-        part += (((hi & 0xF00) | exponent).to(tl.float32, bitcast=True) * 0.00390625 - z2) * x5[None, :]
-        part += (((hi & 0xF000) | exponent).to(tl.float32, bitcast=True) * 0.000244140625 - z3) * x6[None, :]
-        part += (((hi & 0xF0000) | exponent).to(tl.float32, bitcast=True) * 0.0000152587890625 - z4) * x7[
-            None, :
-        ]
+        part = decode_tile_dot(words, _x_of_words(x_ptr, g * BLOCK_W + rj), z, exponent)
         acc += s[:, None] * part
     tl.store(y_ptr + rn, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty))
 

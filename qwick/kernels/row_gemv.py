@@ -149,6 +149,36 @@ def row_split(N, KW, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.c
 
 
 @triton.jit
+def decode_tile_dot(words, xs, z, exponent):
+    """[BLOCK_N, BLOCK_W] sums over the eight codes of each word of (q - z) * x, in fp32: `xs` the eight
+    activations of each word (`_x_of_words`), z the rows' zero points, `exponent` FLOAT_2_23_BITS.
+
+    q - z = f * 16^-p - (2^(23 - 4p) + z) for the nibble at position p of its (shifted) word, exactly."""
+    z0 = (z + 8388608.0)[:, None]
+    z1 = (z + 524288.0)[:, None]
+    z2 = (z + 32768.0)[:, None]
+    z3 = (z + 2048.0)[:, None]
+    z4 = (z + 128.0)[:, None]
+    hi = words >> 12
+    x0, x1, x2, x3, x4, x5, x6, x7 = xs
+    part = (((words & 0xF) | exponent).to(tl.float32, bitcast=True) - z0) * x0[None, :]
+    d = ((words & 0xF0) | exponent).to(tl.float32, bitcast=True) * 0.0625 - z1
+    part += d * x1[None, :]
+    d = ((words & 0xF00) | exponent).to(tl.float32, bitcast=True) * 0.00390625 - z2
+    part += d * x2[None, :]
+    d = ((hi & 0xF) | exponent).to(tl.float32, bitcast=True) - z0
+    part += d * x3[None, :]
+    d = ((hi & 0xF0) | exponent).to(tl.float32, bitcast=True) * 0.0625 - z1
+    part += d * x4[None, :]
+    d = ((hi & 0xF00) | exponent).to(tl.float32, bitcast=True) * 0.00390625 - z2
+    part += d * x5[None, :]
+    d = ((hi & 0xF000) | exponent).to(tl.float32, bitcast=True) * 0.000244140625 - z3
+    part += d * x6[None, :]
+    d = ((hi & 0xF0000) | exponent).to(tl.float32, bitcast=True) * 0.0000152587890625 - z4
+    return part + d * x7[None, :]
+
+
+@triton.jit
 def _w4_row_kernel(
     x_ptr,
     qw_ptr,
@@ -197,29 +227,7 @@ def _w4_row_kernel(
         else:
             words = tl.load(q_rows + cols[None, :], mask=n_ok[:, None], other=0)
         s, z = group_scale_and_zero(s_rows, z_rows, g, n_ok, ZERO_POINT, ZERO_MODE)
-        # q - z = f * 16^-p - (2^(23 - 4p) + z) for the nibble at position p of its (shifted) word
-        z0 = (z + 8388608.0)[:, None]
-        z1 = (z + 524288.0)[:, None]
-        z2 = (z + 32768.0)[:, None]
-        z3 = (z + 2048.0)[:, None]
-        z4 = (z + 128.0)[:, None]
-        hi = words >> 12
-        x0, x1, x2, x3, x4, x5, x6, x7 = _x_of_words(x_ptr, cols)
-        part = (((words & 0xF) | exponent).to(tl.float32, bitcast=True) - z0) * x0[None, :]
-        d = ((words & 0xF0) | exponent).to(tl.float32, bitcast=True) * 0.0625 - z1
-        part += d * x1[None, :]
-        d = ((words & 0xF00) | exponent).to(tl.float32, bitcast=True) * 0.00390625 - z2
-        part += d * x2[None, :]
-        d = ((hi & 0xF) | exponent).to(tl.float32, bitcast=True) - z0
-        part += d * x3[None, :]
-        d = ((hi & 0xF0) | exponent).to(tl.float32, bitcast=True) * 0.0625 - z1
-        part += d * x4[None, :]
-        d = ((hi & 0xF00) | exponent).to(tl.float32, bitcast=True) * 0.00390625 - z2
-        part += d * x5[None, :]
-        d = ((hi & 0xF000) | exponent).to(tl.float32, bitcast=True) * 0.000244140625 - z3
-        part += d * x6[None, :]
-        d = ((hi & 0xF0000) | exponent).to(tl.float32, bitcast=True) * 0.0000152587890625 - z4
-        part += d * x7[None, :]
+        part = decode_tile_dot(words, _x_of_words(x_ptr, cols), z, exponent)
         acc += s[:, None] * part
         if PREFETCH:
             words = w_next
