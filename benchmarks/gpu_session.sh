@@ -13,6 +13,8 @@
 #                                            # fp8 GEMM accumulation modes, fp8 GEMMs at 17 <= M <= 256
 #   bash benchmarks/gpu_session.sh decode8   # 8-bit / 4-bit decode: the W8A8 / int4 kernel tests, the wide
 #                                            # W8A8 sweep, the int4 row-GEMV sweep, batch 1 per mode
+#   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
+#                                            # (loads, scales, activations, decoding) beside a copy
 #
 # On the project's device machine, install the wheels the server side needs first (carry .whl along):
 #   python -m pip install -q --no-deps .whl/*.whl
@@ -103,8 +105,11 @@ case "${1:-}" in
       run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
     done
     ;;
+  int4diag)
+    python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
+    ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4diag" >&2
     exit 2
     ;;
 esac
