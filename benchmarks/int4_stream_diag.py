@@ -1,7 +1,7 @@
 """What holds the batch-1 int4 GEMV near 1.9 TB/s? One kernel with the row GEMV's tiling (64 rows x one
 group of 16 int32 words per iteration, split 1, 4 warps, qwen2.5-7b gate/up), built up stage by stage:
 
-    load      the code tiles only (XORed together so the loads stay)
+    load      the code tiles only (XORed together so the loads stay); also at 32 and 128-row tiles
     +scales   and each group's scale and zero point per row
     +x        and the eight activations of every word (`_x_of_words`), summed
     full      the row GEMV's decoding and products (`decode_tile_dot`), as `qwick.kernels.row_gemv`
@@ -61,12 +61,12 @@ def _stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, KW, stride_sn, exponent, 
     tl.store(y_ptr + rn, out.to(y_ptr.dtype.element_ty))
 
 
-def run(x, qw, codes, stage: int, block_w: int, loop_stages: int) -> torch.Tensor:
+def run(x, qw, codes, stage: int, block_w: int, loop_stages: int, block_n: int = 64, warps: int = 4):
     kw = qw.qweight.shape[1]
     y = torch.empty((1, N), dtype=x.dtype, device=x.device)
-    _stream_kernel[(N // 64,)](
+    _stream_kernel[(N // block_n,)](
         x, codes, qw.scales, qw.zeros, y, kw, qw.scales.stride(0), FLOAT_2_23_BITS, STAGE=stage,
-        LOOP_STAGES=loop_stages, BLOCK_N=64, BLOCK_W=block_w, num_warps=4,
+        LOOP_STAGES=loop_stages, BLOCK_N=block_n, BLOCK_W=block_w, num_warps=warps,
     )  # fmt: skip
     return y
 
@@ -100,12 +100,16 @@ def main() -> None:
 
     t = graph_us(copy_all, len(copies))
     rows.append({"variant": "device copy (read + write)", "us": t, "read_tb_s": nbytes / t / 1e6})
-    cases = [(name, i, 16) for i, name in enumerate(STAGES)] + [("wide (load, 32 words)", 0, 32)]
-    for (name, stage, block_w), loop_stages in itertools.product(cases, (1, 3)):
+    # (label, stage, words per row per tile, rows per tile, warps)
+    cases = [(name, i, 16, 64, 4) for i, name in enumerate(STAGES)]
+    cases += [("wide (load, 32 words)", 0, 32, 64, 4), ("load, 128 rows", 0, 16, 128, 4)]
+    cases += [("load, 128 rows, 8 warps", 0, 16, 128, 8), ("load, 32 rows", 0, 16, 32, 4)]
+    for (name, *shape), loop_stages in itertools.product(cases, (1, 3)):
 
-        def calls(stage=stage, block_w=block_w, loop_stages=loop_stages) -> None:
+        def calls(shape=shape, loop_stages=loop_stages) -> None:
+            stage, block_w, block_n, warps = shape
             for c in copies:
-                run(x, qw, c, stage, block_w, loop_stages)
+                run(x, qw, c, stage, block_w, loop_stages, block_n, warps)
 
         t = graph_us(calls, len(copies))
         rows.append({"variant": f"{name}, loop stages {loop_stages}", "us": t, "read_tb_s": nbytes / t / 1e6})
