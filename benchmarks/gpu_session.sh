@@ -15,6 +15,8 @@
 #                                            # W8A8 sweep, the int4 row-GEMV sweep, batch 1 per mode
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
+#   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: the attention tests,
+#                                            # the attention bench in both, workload 3 and 32k with HND
 #
 # On the project's device machine, install the wheels the server side needs first (carry .whl along):
 #   python -m pip install -q --no-deps .whl/*.whl
@@ -105,11 +107,25 @@ case "${1:-}" in
       run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
     done
     ;;
+  kvlayout)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/layers -k "head_major or fp8" 2>&1 \
+      | tail -2
+    for layout in NHD HND; do
+      python -m qwick.bench.attention_bench --no-torch --batch 1 64 256 --context 640 8192 32768 --prefill \
+        --kv-layout $layout --json "$OUT/attn_$layout.json" 2>&1 | tail -14
+    done
+    HND="import sys; from qwick.layers.attention.triton_backend import TritonAttentionBackend as T; \
+T.kv_layout = 'HND'; from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    run tput_bf16_hnd python -c "$HND" ${TPUT#python -m qwick.entrypoints.cli } --output-json "$OUT/tput_hnd.json"
+    run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
+    run ctx32k_hnd python -c "$HND" bench latency --num-iters 2 --shape qwen2.5-7b --max-model-len 32768 \
+      --input-len 32000 --output-len 64 --output-json "$OUT/ctx32k_hnd.json"
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4diag" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4diag|kvlayout" >&2
     exit 2
     ;;
 esac

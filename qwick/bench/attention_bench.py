@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from qwick.layers.attention.backend import AttentionRow, kv_cache_torch_dtype
+from qwick.layers.attention.backend import AttentionRow, kv_cache_torch_dtype, to_kv_layout
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
 
 PEAK_TBPS = 4.3
@@ -52,6 +52,7 @@ def bench_case(
     with_torch: bool,
     configure=None,
     kv_cache_dtype: str = "auto",
+    kv_layout: str = "NHD",
 ) -> dict:
     from qwick.layers.attention.triton_backend import TritonAttentionBackend
 
@@ -69,9 +70,12 @@ def bench_case(
     kv_bytes = batch * context * KV_HEADS * HEAD_DIM * 2 * elt
     copies = min(64, max(1, math.ceil(256e6 / kv_bytes)))
     caches = [
-        torch.empty(2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
-        .normal_()
-        .to(cache_dtype)
+        to_kv_layout(
+            torch.empty(2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+            .normal_()
+            .to(cache_dtype),
+            kv_layout,
+        )
         for _ in range(copies)
     ]
     q = torch.randn(batch, HEADS, HEAD_DIM, device=device, dtype=dtype)
@@ -119,10 +123,12 @@ def bench_case(
             cache = caches[next(cycle_r) % copies]
             return ref.forward(q, k, v, cache, md_r, scale=scale, sliding_window=None)
 
-        out_r = ref.forward(q, k, v, caches[0], md_r, scale=scale, sliding_window=None)
+        # the reference reads NHD caches only: an HND run is checked on a copy, and not timed
+        out_r = ref.forward(q, k, v, caches[0].contiguous(), md_r, scale=scale, sliding_window=None)
         result["max_abs_diff"] = (out_t.float() - out_r.float()).abs().max().item()
         iters = copies if kv_bytes < 1e9 else 1
-        result["torch_us"] = 1000 * _time_ms(torch_step, iters=iters, reps=3)
+        if kv_layout == "NHD":
+            result["torch_us"] = 1000 * _time_ms(torch_step, iters=iters, reps=3)
     caches.clear()
     torch.cuda.empty_cache()
     return result
@@ -161,12 +167,14 @@ EXTEND_SWEEP = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 ]
 
 
-def sweep(dtype: torch.dtype, kv_cache_dtype: str = "auto", prefill: bool = True) -> None:
+def sweep(
+    dtype: torch.dtype, kv_cache_dtype: str = "auto", prefill: bool = True, kv_layout: str = "NHD"
+) -> None:
     """Time kernel meta-parameters (decode: device time per step over a `kv_cache_dtype` cache; prefill:
     TFLOP/s vs torch SDPA). Decode shapes include batch 256 at a 640-token context, the middle of
     workload 3 (100-1024 prompt and output tokens), where attention is a third of the step."""
     shapes = [(1, 1024), (1, 8192), (1, 32768), (8, 8192), (64, 1024), (64, 8192), (256, 640)]
-    print(f"\ndecode sweep, KV cache {kv_cache_dtype} (us per step; TB/s in brackets)")
+    print(f"\ndecode sweep, KV cache {kv_cache_dtype} in {kv_layout} (us per step; TB/s in brackets)")
     print(f"{'config':>22} " + " ".join(f"{f'b{b}/{c // 1024}k':>15}" for b, c in shapes))
     variants = [
         (f"bn{bn} w{w} s{st}", {"decode_config": dict(BLOCK_N=bn, num_warps=w, num_stages=st)})
@@ -181,7 +189,13 @@ def sweep(dtype: torch.dtype, kv_cache_dtype: str = "auto", prefill: bool = True
         for b, c in shapes:
             try:
                 r = bench_case(
-                    b, c, dtype, False, lambda t, a=attrs: t.__dict__.update(a), kv_cache_dtype=kv_cache_dtype
+                    b,
+                    c,
+                    dtype,
+                    False,
+                    lambda t, a=attrs: t.__dict__.update(a),
+                    kv_cache_dtype=kv_cache_dtype,
+                    kv_layout=kv_layout,
                 )
                 cells.append(f"{r['triton_graph_us']:7.1f} [{r['tbps']:4.2f}]")
             except Exception as e:
@@ -189,16 +203,16 @@ def sweep(dtype: torch.dtype, kv_cache_dtype: str = "auto", prefill: bool = True
         print(f"{name:>22} " + " ".join(f"{x:>15}" for x in cells), flush=True)
 
     if prefill:
-        prefill_sweep(dtype)
+        prefill_sweep(dtype, kv_layout)
 
 
-def prefill_sweep(dtype: torch.dtype) -> None:
+def prefill_sweep(dtype: torch.dtype, kv_layout: str = "NHD") -> None:
     print("\nprefill sweep: one row, 28/4 heads, d128 (us; TFLOP/s in brackets)")
     cases = PREFILL_CASES
     print(f"{'config':>22} " + " ".join(f"{f'ctx{c}+{n}':>18}" for c, n in cases))
     for bm, bn, w, st in EXTEND_SWEEP:
         cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
-        cells = [prefill_case(c, n, dtype, cfg) for c, n in cases]
+        cells = [prefill_case(c, n, dtype, cfg, kv_layout) for c, n in cases]
         print(f"{f'm{bm} n{bn} w{w} s{st}':>22} " + " ".join(f"{x:>18}" for x in cells), flush=True)
     print(f"{'torch sdpa (dense)':>22} " + " ".join(f"{sdpa_case(c, n, dtype):>18}" for c, n in cases))
 
@@ -208,7 +222,7 @@ def _prefill_flops(context: int, new: int) -> float:
     return 4.0 * HEADS * HEAD_DIM * keys
 
 
-def prefill_case(context: int, new: int, dtype: torch.dtype, cfg: dict | None) -> str:
+def prefill_case(context: int, new: int, dtype: torch.dtype, cfg: dict | None, kv_layout: str = "NHD") -> str:
     from qwick.layers.attention.triton_backend import TritonAttentionBackend
 
     device = torch.device("cuda")
@@ -216,7 +230,9 @@ def prefill_case(context: int, new: int, dtype: torch.dtype, cfg: dict | None) -
     nb = math.ceil(total / BLOCK)
     table = list(range(1, nb + 1))
     random.Random(0).shuffle(table)
-    cache = torch.empty(2, nb + 1, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device=device).normal_()
+    cache = to_kv_layout(
+        torch.empty(2, nb + 1, BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype, device=device).normal_(), kv_layout
+    )
     q = torch.randn(new, HEADS, HEAD_DIM, device=device, dtype=dtype)
     k = torch.randn(new, KV_HEADS, HEAD_DIM, device=device, dtype=dtype)
     v = torch.randn(new, KV_HEADS, HEAD_DIM, device=device, dtype=dtype)
@@ -256,6 +272,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="fp8: an e4m3 cache"
     )
+    parser.add_argument(
+        "--kv-layout",
+        default="NHD",
+        choices=["NHD", "HND"],
+        help="how the cache is stored: NHD (a slot's heads together, the engine's) or HND (a head's slots)",
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--prefill", action="store_true", help="also time prefill attention vs torch SDPA")
@@ -268,7 +290,8 @@ def main(argv: list[str] | None = None) -> None:
     dtype = getattr(torch, args.dtype)
     print(
         f"decode attention, qwen2.5-7b shapes: {HEADS} q heads, {KV_HEADS} kv heads, head_dim {HEAD_DIM}, "
-        f"block {BLOCK}, {args.dtype}, KV cache {args.kv_cache_dtype}; {torch.cuda.get_device_name()}"
+        f"block {BLOCK}, {args.dtype}, KV cache {args.kv_cache_dtype} in {args.kv_layout}; "
+        f"{torch.cuda.get_device_name()}"
     )
     header = (
         f"{'batch':>5} {'context':>7} {'splits':>6} {'KV MB':>8} {'triton us':>10} {'TB/s':>6} "
@@ -280,7 +303,12 @@ def main(argv: list[str] | None = None) -> None:
     for batch in args.batch:
         for context in args.context:
             r = bench_case(
-                batch, context, dtype, with_torch=not args.no_torch, kv_cache_dtype=args.kv_cache_dtype
+                batch,
+                context,
+                dtype,
+                with_torch=not args.no_torch,
+                kv_cache_dtype=args.kv_cache_dtype,
+                kv_layout=args.kv_layout,
             )
             results.append(r)
             t_us = r.get("triton_graph_us", float("nan"))
@@ -300,10 +328,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.prefill:
         print("\nprefill attention, one row, default tiles (us; TFLOP/s in brackets)")
         for c, n in PREFILL_CASES:
-            ours, dense = prefill_case(c, n, dtype, None), sdpa_case(c, n, dtype)
+            ours, dense = prefill_case(c, n, dtype, None, args.kv_layout), sdpa_case(c, n, dtype)
             print(f"  ctx {c:>5} + {n:>5} new: triton {ours}   sdpa {dense}")
     if args.sweep:
-        sweep(dtype, args.kv_cache_dtype, prefill=args.prefill)
+        sweep(dtype, args.kv_cache_dtype, prefill=args.prefill, kv_layout=args.kv_layout)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,13 @@ from qwick.config import EngineConfig, default_max_num_batched_tokens
 from qwick.core.scheduler_output import SchedulerOutput
 from qwick.device_upload import to_device
 from qwick.forward_context import set_forward_context
-from qwick.layers.attention.backend import AttentionBackend, AttentionRow, is_fp8_kv, kv_cache_torch_dtype
+from qwick.layers.attention.backend import (
+    AttentionBackend,
+    AttentionRow,
+    is_fp8_kv,
+    kv_cache_tensor,
+    kv_cache_torch_dtype,
+)
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
 from qwick.loader.model_loader import build_model, resolve_dtype
 from qwick.runner.sampler import Sampler, SamplerOutput, SamplingMetadata
@@ -327,8 +333,14 @@ class ModelRunner:
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         for layer in self.model.attention_layers():
-            shape = (2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-            layer.kv_cache = zeros_on_demand(shape, self.kv_cache_dtype, self.device)
+            layer.kv_cache = kv_cache_tensor(
+                lambda shape: zeros_on_demand(shape, self.kv_cache_dtype, self.device),
+                num_blocks,
+                self.block_size,
+                layer.num_kv_heads,
+                layer.head_dim,
+                self.backend.kv_layout,
+            )
             layer.backend = self.backend
 
     def _release_kv_cache(self) -> None:

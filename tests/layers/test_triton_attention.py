@@ -23,7 +23,13 @@ import random
 import pytest
 import torch
 
-from qwick.layers.attention.backend import FP8_KV_DTYPE, AttentionRow, quantize_kv
+from qwick.layers.attention.backend import (
+    FP8_KV_DTYPE,
+    AttentionRow,
+    kv_layout_of,
+    quantize_kv,
+    to_kv_layout,
+)
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
 from tests.triton_utils import INTERPRET, triton_device
 
@@ -97,10 +103,12 @@ def run_case(
     kv_fp8=False,
     k_scale=1.0,
     v_scale=1.0,
+    kv_layout="NHD",
 ):
     """One step through both backends: the cache writes must be byte-identical, and the Triton output
     within `TOL` of the reference's in fp32. With `kv_fp8` the cache is float8 e4m3 with per-layer scales,
-    and the fp32 oracle reads the same fp8 pages (exact attention over the quantized keys and values)."""
+    and the fp32 oracle reads the same fp8 pages (exact attention over the quantized keys and values).
+    `kv_layout`: how the Triton backend's copy of the cache is stored (the reference's is NHD)."""
     device = triton_device()
     dtype = _lowp(dtype)
     if kv_fp8:
@@ -128,7 +136,8 @@ def run_case(
     kw = dict(scale=head_dim**-0.5, sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale)
 
     tri = _backend(block_size, device, **(backend_kwargs or {}))
-    cache_t = kv_cache.clone()
+    cache_t = to_kv_layout(kv_cache, kv_layout)
+    assert kv_layout_of(cache_t) == kv_layout
     out_t = tri.forward(q, k, v, cache_t, tri.build_metadata(rows), **kw)
 
     ref = TorchAttentionBackend(block_size, device)
@@ -138,6 +147,7 @@ def run_case(
     out_32 = ref.forward(q.float(), k.float(), v.float(), cache_32, ref.build_metadata(rows), **kw)
 
     assert out_t.shape == q.shape and out_t.dtype == q.dtype and cache_t.dtype == kv_cache.dtype
+    cache_t = cache_t.contiguous()  # compared value by value whatever the layout
     assert torch.equal(cache_t.view(torch.uint8), cache_r.view(torch.uint8)), "KV-cache write differs"
     if kv_fp8:
         assert torch.equal(cache_32.view(torch.uint8), cache_r.view(torch.uint8))
@@ -273,6 +283,31 @@ def test_fixed_split_counts(splits):
     # Fixed counts (as a CUDA-graph runner would set): more splits than tiles leaves some splits empty.
     specs = [(c, 1) for c in (0, 5, 63, 64, 300, 3000)] + [(10, 30)]
     run_case(specs, backend_kwargs={"fixed_num_splits": splits}, group=5, num_kv_heads=2)
+
+
+# Head-major pages (`kv_layout` "HND"): the same kernels through the cache's strides.
+HND_SPECS = [(c, 1) for c in (0, 15, 16, 17, 130, 1000)] + [(0, 40), (33, 20), (500, 70)]
+
+
+@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", head_params())
+@pytest.mark.parametrize("block_size", [16, 4])
+def test_head_major_cache_layout(block_size, head_dim, group, num_kv_heads, dtype):
+    run_case(
+        HND_SPECS,
+        head_dim=head_dim,
+        group=group,
+        num_kv_heads=num_kv_heads,
+        dtype=dtype,
+        block_size=block_size,
+        kv_layout="HND",
+    )
+
+
+@pytest.mark.interpret
+def test_head_major_cache_layout_fp8_and_split_kv():
+    specs = [(c, 1) for c in (3, 300, 3000)] + [(20, 30)]
+    run_case(specs, kv_layout="HND", kv_fp8=True, group=5, num_kv_heads=2, k_scale=0.5, v_scale=2.0)
+    run_case(specs, kv_layout="HND", backend_kwargs={"fixed_num_splits": 7}, group=7, num_kv_heads=4)
 
 
 def test_chunked_prefill_matches_one_shot():

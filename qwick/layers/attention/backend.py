@@ -3,7 +3,10 @@
 A backend does three things: turn the scheduler's rows into metadata once per step (`build_metadata`),
 write a layer's new keys/values into the paged cache, and attend each query to its request's cached
 context through the block table. Metadata is built once and shared by every layer, so per-layer work is
-kernels only. The KV cache of a layer is one tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]`.
+kernels only. The KV cache of a layer is one tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]`,
+stored in the backend's `kv_layout` (`kv_cache_tensor`): "NHD", the contiguous tensor (a slot's heads side
+by side), or "HND" (a kv head's `block_size` slots of a block side by side, so a decode program reads one
+contiguous run per block; the tensor's strides say which).
 
 FP8 KV cache (`kv_cache_dtype="fp8"`): the cache tensor is torch.float8_e4m3fn and each layer has two scalar
 scales, `k_scale` and `v_scale` (1.0 unless the checkpoint provides them, as in vLLM). A value is stored as
@@ -27,6 +30,34 @@ from qwick.device_upload import to_device
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_E4M3_MAX = 448.0  # the largest finite e4m3fn value; larger magnitudes are clamped to it
+KV_LAYOUTS = ("NHD", "HND")
+
+
+def kv_cache_tensor(
+    alloc, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, layout: str = "NHD"
+) -> torch.Tensor:
+    """A layer's KV pool as `[2, num_blocks, block_size, num_kv_heads, head_dim]`, stored in `layout`;
+    `alloc(shape)` makes the storage."""
+    if layout == "HND":
+        return alloc((2, num_blocks, num_kv_heads, block_size, head_dim)).transpose(2, 3)
+    if layout != "NHD":
+        raise ValueError(f"unknown KV-cache layout {layout!r}; choose one of {KV_LAYOUTS}")
+    return alloc((2, num_blocks, block_size, num_kv_heads, head_dim))
+
+
+def kv_layout_of(kv_cache: torch.Tensor) -> str:
+    """Which of `KV_LAYOUTS` a cache tensor is stored in (ValueError for any other strides)."""
+    if kv_cache.is_contiguous():
+        return "NHD"
+    if kv_cache.transpose(2, 3).is_contiguous():
+        return "HND"
+    raise ValueError(f"KV cache strides {kv_cache.stride()} are neither NHD nor HND")
+
+
+def to_kv_layout(kv_cache: torch.Tensor, layout: str) -> torch.Tensor:
+    """A copy of a cache in `layout` (the same values)."""
+    return kv_cache_tensor(lambda shape: torch.empty(shape, dtype=kv_cache.dtype, device=kv_cache.device),
+                           *kv_cache.shape[1:], layout=layout).copy_(kv_cache)  # fmt: skip
 
 
 def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -85,6 +116,7 @@ class AttentionMetadata:
 
 class AttentionBackend(ABC):
     name: str = "abstract"
+    kv_layout: str = "NHD"  # how the model runner stores the KV pool for this backend (`kv_cache_tensor`)
 
     def __init__(self, block_size: int, device: torch.device) -> None:
         self.block_size = block_size

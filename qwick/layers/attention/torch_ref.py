@@ -18,6 +18,7 @@ from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
     is_fp8_kv,
+    kv_layout_of,
     quantize_kv,
 )
 
@@ -103,6 +104,8 @@ class TorchAttentionBackend(AttentionBackend):
         v_scale: float = 1.0,
     ) -> torch.Tensor:
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        if (layout := kv_layout_of(kv_cache)) != self.kv_layout:
+            raise ValueError(f"the torch backend reads an {self.kv_layout} KV cache, got {layout}")
         fp8 = is_fp8_kv(kv_cache.dtype)
         if fp8:  # copies and gathers run on the bytes (uint8), which every device supports
             k = quantize_kv(k, k_scale).view(torch.uint8)

@@ -42,7 +42,13 @@ import triton
 import triton.language as tl
 
 from qwick.device_upload import to_device
-from qwick.layers.attention.backend import AttentionBackend, AttentionMetadata, AttentionRow, is_fp8_kv
+from qwick.layers.attention.backend import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionRow,
+    is_fp8_kv,
+    kv_layout_of,
+)
 
 LOG2E = 1.4426950408889634
 # Decode split-KV defaults: splits per row are chosen so that (rows x kv heads x splits) is about
@@ -82,8 +88,10 @@ def _kv_write_kernel(
     stride_kh,
     stride_vt,
     stride_vh,
+    stride_cb,
     stride_cs,
     stride_ch,
+    BLOCK_SIZE: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     H_PAD: tl.constexpr,
@@ -102,7 +110,7 @@ def _kv_write_kernel(
     if KV_FP8:  # scale in fp32, saturate to e4m3's largest finite value, round to nearest even
         k = tl.minimum(tl.maximum(k.to(tl.float32) * k_inv_scale, -448.0), 448.0)
         v = tl.minimum(tl.maximum(v.to(tl.float32) * v_inv_scale, -448.0), 448.0)
-    dst = slot * stride_cs + h * stride_ch + d[None, :]
+    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -140,6 +148,7 @@ def _decode_kernel(
     stride_ot,
     stride_oh,
     stride_bt,
+    stride_cb,
     stride_cs,
     stride_ch,
     stride_mo_r,
@@ -190,10 +199,10 @@ def _decode_kernel(
         in_seq = n < seq_len
         valid = in_seq & (n >= start)
         page = tl.load(bt_row + n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
-        slot = page * BLOCK_SIZE + n % BLOCK_SIZE
+        at = page * stride_cb + (n % BLOCK_SIZE) * stride_cs  # the keys' slots (any `kv_layout`)
         kv_mask = _tile_mask(valid, d, HEAD_DIM, D_PAD)
-        k = tl.load(k_cache_ptr + slot[:, None] * stride_cs + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + slot[:, None] * stride_cs + kv_off, mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
         qk = tl.where(valid[None, :], qk, _NEG)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -289,6 +298,7 @@ def _extend_tiles(
     window,
     n_start,
     n_end,
+    stride_cb,
     stride_cs,
     MASKED: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -302,10 +312,10 @@ def _extend_tiles(
         n = n0 + tl.arange(0, BLOCK_N)
         in_seq = n < seq_len
         page = tl.load(bt_row + n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
-        slot = page * BLOCK_SIZE + n % BLOCK_SIZE
+        at = page * stride_cb + (n % BLOCK_SIZE) * stride_cs  # the keys' slots (any `kv_layout`)
         kv_mask = _tile_mask(in_seq, d, HEAD_DIM, D_PAD)
-        k = tl.load(k_cache_ptr + slot[:, None] * stride_cs + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + slot[:, None] * stride_cs + kv_off, mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
         if MASKED:
             mask = (n[None, :] <= q_pos[:, None]) & in_seq[None, :]
@@ -339,6 +349,7 @@ def _extend_kernel(
     stride_ot,
     stride_oh,
     stride_bt,
+    stride_cb,
     stride_cs,
     stride_ch,
     HEAD_DIM: tl.constexpr,
@@ -387,15 +398,15 @@ def _extend_kernel(
     kv_off = kvh * stride_ch + d[None, :]
     acc, l_i, m_i = _extend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, d, seq_len, scale_log2, window,
-        lo, full_lo, stride_cs, True, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
+        lo, full_lo, stride_cb, stride_cs, True, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _extend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, d, seq_len, scale_log2, window,
-        full_lo, full_hi, stride_cs, False, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
+        full_lo, full_hi, stride_cb, stride_cs, False, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _extend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, d, seq_len, scale_log2, window,
-        full_hi, hi, stride_cs, True, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
+        full_hi, hi, stride_cb, stride_cs, True, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
     )  # fmt: skip
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -436,9 +447,14 @@ class TritonAttentionBackend(AttentionBackend):
     `split_fill`, `max_num_splits`, `min_tokens_per_split` shape the split-KV heuristic;
     `fixed_num_splits` pins the split count (a CUDA-graph runner sets it so the decode grid is the same
     on every replay).
+
+    The kernels address the cache through its strides (page, slot in page, head), so they read either
+    `kv_layout`; HND gives a decode program one contiguous run of `block_size` keys per page instead of
+    `block_size` runs of one key. The runner stores the pool in NHD until HND has been measured on a GPU.
     """
 
     name = "triton"
+    kv_layout = "NHD"
 
     def __init__(
         self, block_size: int, device: torch.device | str, fixed_num_splits: int | None = None
@@ -572,8 +588,10 @@ class TritonAttentionBackend(AttentionBackend):
             k.stride(1),
             v.stride(0),
             v.stride(1),
+            kv_cache.stride(1),
             kv_cache.stride(2),
             kv_cache.stride(3),
+            BLOCK_SIZE=kv_cache.shape[2],
             NUM_KV_HEADS=num_kv_heads,
             HEAD_DIM=head_dim,
             H_PAD=_pow2(num_kv_heads),
@@ -595,8 +613,7 @@ class TritonAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
     ) -> torch.Tensor:
-        if not kv_cache.is_contiguous():
-            raise ValueError("the triton backend needs a contiguous KV cache")
+        kv_layout_of(kv_cache)  # NHD or HND (ValueError otherwise): the kernels read the cache's strides
         if kv_cache.shape[2] != metadata.block_size:
             raise ValueError("KV cache block size does not match the metadata's")
         fp8 = is_fp8_kv(kv_cache.dtype)
@@ -650,6 +667,7 @@ class TritonAttentionBackend(AttentionBackend):
             out.stride(0),
             out.stride(1),
             md.block_tables.stride(0),
+            kv_cache.stride(1),
             kv_cache.stride(2),
             kv_cache.stride(3),
             mid_o.stride(0),
@@ -716,6 +734,7 @@ class TritonAttentionBackend(AttentionBackend):
             out.stride(0),
             out.stride(1),
             md.block_tables.stride(0),
+            kv_cache.stride(1),
             kv_cache.stride(2),
             kv_cache.stride(3),
             HEAD_DIM=head_dim,
