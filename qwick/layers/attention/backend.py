@@ -56,8 +56,11 @@ def kv_layout_of(kv_cache: torch.Tensor) -> str:
 
 def to_kv_layout(kv_cache: torch.Tensor, layout: str) -> torch.Tensor:
     """A copy of a cache in `layout` (the same values)."""
-    return kv_cache_tensor(lambda shape: torch.empty(shape, dtype=kv_cache.dtype, device=kv_cache.device),
-                           *kv_cache.shape[1:], layout=layout).copy_(kv_cache)  # fmt: skip
+
+    def alloc(shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, dtype=kv_cache.dtype, device=kv_cache.device)
+
+    return kv_cache_tensor(alloc, *kv_cache.shape[1:], layout=layout).copy_(kv_cache)
 
 
 def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
