@@ -38,12 +38,16 @@ On-the-fly ("quantization='fp8'" on a bf16 checkpoint): the layer holds a plain 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from qwick.layers.linear import Linear, LinearMethod, QuantizedRows, RowQuant, linear
 from qwick.quantization.formats import cpu_int4
+
+logger = logging.getLogger(__name__)
 
 FP8_DTYPE = torch.float8_e4m3fn
 _QMAX = {FP8_DTYPE: 448.0, torch.int8: 127.0}
@@ -155,6 +159,10 @@ class W8A8LinearMethod(LinearMethod):
     # the error reaches 1.1e-2 for 1.0-1.1x, so longer sums stay exact (benchmarks/fp8_scaled_mm.py,
     # BENCHMARKS.md). CUTLASS-based engines run fast accumulation everywhere. fp32 models stay exact.
     fast_accum_max_k = 8192
+    # `torch._scaled_mm` adds a bf16 bias in its epilogue: one launch fewer per biased layer (Qwen2's QKV:
+    # 28 adds of 105 us each in an 8,192-token fp8 prefill step on the H200). Turned off for this method
+    # the first time the installed torch refuses it (`_scaled_mm_bf16`).
+    scaled_mm_bias = True
     workspace = None
 
     def __init__(
@@ -358,6 +366,26 @@ class W8A8LinearMethod(LinearMethod):
             return self.apply(layer, x.x)
         return self._apply_cuda(layer, x.x, (x.codes, x.scales), x.group)
 
+    def _scaled_mm_bf16(
+        self, xq: torch.Tensor, xs: torch.Tensor, layer: Linear, k: int
+    ) -> tuple[torch.Tensor, bool]:
+        """Row-wise scaled fp8 GEMM with bf16 output, and whether it added the layer's bias (a bf16 bias is
+        fused where the installed torch takes it; the caller adds any other)."""
+        kw = dict(
+            scale_a=xs,
+            scale_b=self.weight_scale(layer).view(1, -1),
+            out_dtype=torch.bfloat16,
+            use_fast_accum=k <= self.fast_accum_max_k,
+        )
+        bias = layer.bias
+        if bias is not None and bias.dtype == torch.bfloat16 and self.scaled_mm_bias:
+            try:
+                return torch._scaled_mm(xq, layer.weight.t(), bias=bias, **kw), True
+            except RuntimeError as e:  # an older torch or another backend: add the bias separately
+                logger.warning("torch._scaled_mm refused a bias (%s); adding biases after the GEMM", e)
+                self.scaled_mm_bias = False
+        return torch._scaled_mm(xq, layer.weight.t(), **kw), False
+
     def _apply_cuda(
         self,
         layer: Linear,
@@ -419,14 +447,10 @@ class W8A8LinearMethod(LinearMethod):
                 )
                 y = acc * xs * self.weight_scale(layer).view(1, -1)
             else:
-                y = torch._scaled_mm(
-                    xq,
-                    layer.weight.t(),
-                    scale_a=xs,
-                    scale_b=self.weight_scale(layer).view(1, -1),
-                    out_dtype=torch.bfloat16,
-                    use_fast_accum=k <= self.fast_accum_max_k,
-                ).to(x.dtype)
+                y, biased = self._scaled_mm_bf16(xq, xs, layer, k)
+                y = y.to(x.dtype)
+                if biased:
+                    return y
         elif self.qdtype == torch.int8 and k % 8 == 0 and n % 8 == 0:
             xq, xs = codes if codes is not None else self._quantize_x(x)
             m = xq.shape[0]

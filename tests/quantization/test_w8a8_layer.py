@@ -175,6 +175,33 @@ def test_cuda_path_logic_on_cpu(qdtype, m):
     assert ((y.float() - ref).norm() / ref.norm()).item() < 5e-3
 
 
+@pytest.mark.parametrize("refuse", [False, True])
+def test_fp8_gemm_fuses_a_bf16_bias_or_adds_it_after(refuse, monkeypatch):
+    """`_scaled_mm` takes the QKV bias in its epilogue; where the installed torch refuses a bias, the method
+    adds it after the GEMM from then on. Either way the output is the reference's."""
+    method = W8A8LinearMethod(FP8_DTYPE, checkpoint=False)
+    layer = _layer(method, 288, 320, bias=True, dtype=torch.bfloat16)
+    x = (torch.randn(40, 320, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16)
+    real, biases = torch._scaled_mm, []
+
+    def scaled_mm(*args, **kwargs):
+        biases.append(kwargs.get("bias") is not None)
+        if refuse and kwargs.get("bias") is not None:
+            raise RuntimeError("Bias is not supported")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    try:
+        outs = [method._apply_cuda(layer, x) for _ in range(2)]
+    except (RuntimeError, NotImplementedError) as e:  # a CPU build without the fp8 GEMM
+        pytest.skip(f"this torch has no CPU fp8 GEMM: {e}")
+    ref = method.apply_reference(layer, x.float())
+    for y in outs:
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 5e-3
+    assert biases == ([True, False, False] if refuse else [True, True])
+    assert method.scaled_mm_bias is not refuse
+
+
 def test_cpu_int8_decode_rows_take_the_int8_weight_gemm(monkeypatch):
     """On the CPU, int8 per-channel layers run bf16 inputs of at most 16 rows as W8A16 through torch's int8
     weight GEMM (as GPUs do at decode sizes); more rows, other K or dtypes keep the W8A8 reference."""
