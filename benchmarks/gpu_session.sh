@@ -15,7 +15,7 @@
 #                                            # W8A8 sweep, the int4 row-GEMV sweep, batch 1 per mode
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
-#   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: the attention tests,
+#   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
 #                                            # the attention bench in both, workload 3 and 32k with HND
 #
 # On the project's device machine, install the wheels the server side needs first (carry .whl along):
@@ -108,7 +108,7 @@ case "${1:-}" in
     done
     ;;
   kvlayout)
-    python -m pytest -q -m gpu -p no:cacheprovider tests/layers -k "head_major or fp8" 2>&1 \
+    python -m pytest -q -m gpu -p no:cacheprovider tests/layers 2>&1 \
       | tail -2
     for layout in NHD HND; do
       python -m qwick.bench.attention_bench --no-torch --batch 1 64 256 --context 640 8192 32768 --prefill \
