@@ -22,7 +22,12 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.row_gemv import FLOAT_2_23_BITS, _x_of_words, decode_tile_dot  # noqa: E402
+from qwick.kernels.row_gemv import (  # noqa: E402
+    FLOAT_2_23_BITS,
+    _x_of_words,
+    decode_tile_dot,
+    group_scale_and_zero,
+)
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import dequantize  # noqa: E402
 
@@ -45,8 +50,9 @@ def _stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, KW, stride_sn, exponent, 
             bits ^= words
         else:
             g = j // 16  # the scale of the tile's first group (wide tiles hold several)
-            s = tl.load(s_ptr + rn * stride_sn + g).to(tl.float32)
-            z = tl.load(z_ptr + rn * stride_sn + g).to(tl.float32)
+            s, z = group_scale_and_zero(
+                s_ptr + rn * stride_sn, z_ptr + rn * stride_sn, g, rn >= 0, 0, 1
+            )  # 1: ZERO_TENSOR (a zero point per row and group)
             if STAGE == 1:
                 bits ^= words
                 acc += (s + z)[:, None]

@@ -16,7 +16,12 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.row_gemv import FLOAT_2_23_BITS, _x_of_words, decode_tile_dot  # noqa: E402
+from qwick.kernels.row_gemv import (  # noqa: E402
+    FLOAT_2_23_BITS,
+    _x_of_words,
+    decode_tile_dot,
+    group_scale_and_zero,
+)
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import dequantize  # noqa: E402
 
@@ -39,8 +44,9 @@ def _kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, KW, stride_sn, exponent, TILED: 
             words = tl.load(tile + r[:, None] * BLOCK_W + rj[None, :])
         else:
             words = tl.load(qw_ptr + rn.to(tl.int64)[:, None] * KW + g * BLOCK_W + rj[None, :])
-        s = tl.load(s_ptr + rn * stride_sn + g).to(tl.float32)
-        z = tl.load(z_ptr + rn * stride_sn + g).to(tl.float32)
+        s, z = group_scale_and_zero(
+            s_ptr + rn * stride_sn, z_ptr + rn * stride_sn, g, rn >= 0, 0, 1
+        )  # 1: ZERO_TENSOR (a zero point per row and group)
         part = decode_tile_dot(words, _x_of_words(x_ptr, g * BLOCK_W + rj), z, exponent)
         acc += s[:, None] * part
     tl.store(y_ptr + rn, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty))

@@ -138,17 +138,6 @@ def group_scale_and_zero(s_rows, z_rows, g, n_ok, ZERO_POINT: tl.constexpr, ZERO
 
 
 @triton.jit
-def row_split(N, KW, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
-    """The program's output rows (and their mask) and its split's range [j_start, j_end) of K's words."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
-    j_start = pid_k * w_per_split
-    return pid_n, pid_k, rn, rn < N, j_start, tl.minimum(j_start + w_per_split, KW)
-
-
-@triton.jit
 def decode_tile_dot(words, xs, z, exponent):
     """[BLOCK_N, BLOCK_W] sums over the eight codes of each word of (q - z) * x, in fp32: `xs` the eight
     activations of each word (`_x_of_words`), z the rows' zero points, `exponent` FLOAT_2_23_BITS.
@@ -205,8 +194,14 @@ def _w4_row_kernel(
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]), one group g per tile of K.
 
     z is an integer (a zero-point tensor or constant), so every `f * 16^-p - (2^(23 - 4p) + z)` is exact."""
-    pid_n, pid_k, rn, n_ok, j_start, j_end = row_split(N, KW, SPLIT_K, BLOCK_N, BLOCK_W)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rj = tl.arange(0, BLOCK_W)
+    n_ok = rn < N
+    w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
+    j_start = pid_k * w_per_split
+    j_end = tl.minimum(j_start + w_per_split, KW)
     rn64 = rn.to(tl.int64)
     q_rows = qw_ptr + rn64[:, None] * stride_qn
     s_rows = s_ptr + rn64 * stride_sn
@@ -268,33 +263,6 @@ def _check_workspace(ws: GemvWorkspace, n: int, cfg: RowGemvConfig) -> int:
     return tiles
 
 
-def weight_args(
-    weight: QuantizedWeight, bias: torch.Tensor | None, y: torch.Tensor, ws: GemvWorkspace
-) -> tuple[tuple, dict]:
-    """The int4 row kernels' arguments after x: (codes, scales, zero points, bias, y, workspace, N, KW,
-    strides), and the meta-parameters of the zero point and bias (dummies stand in for absent tensors)."""
-    zeros = weight.zeros if weight.zeros is not None else weight.scales
-    args = (
-        weight.qweight,
-        weight.scales,
-        zeros,
-        bias if bias is not None else weight.scales,
-        y,
-        ws.partials,
-        ws.counters,
-        weight.shape[0],
-        weight.shape[1] // 8,
-        weight.qweight.stride(0),
-        weight.scales.stride(0),
-    )
-    meta = {
-        "ZERO_POINT": weight.zero_point,
-        "ZERO_MODE": ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,
-        "HAS_BIAS": bias is not None,
-    }
-    return args, meta
-
-
 def w4_row_supported(weight: QuantizedWeight) -> bool:
     """Whether `w4_row_gemv` takes this weight: int4 with integer zero points in groups of 64-256 (AWQ,
     GPTQ, RTN int4). GGUF's Q4_K (mins, 32-element groups) stays on `qwick.kernels.w4a16`."""
@@ -324,12 +292,23 @@ def w4_row_gemv(
         raise ValueError(f"the tile must be one group deep ({group_words} words), got {cfg.block_k}")
     tiles = _check_workspace(ws, n, cfg)
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    args, meta = weight_args(weight, bias, y, ws)
     _w4_row_kernel[(tiles, cfg.split_k)](
         x,
-        *args,
+        weight.qweight,
+        weight.scales,
+        weight.zeros if weight.zeros is not None else weight.scales,  # a dummy for constant zero points
+        bias if bias is not None else weight.scales,
+        y,
+        ws.partials,
+        ws.counters,
+        n,
+        kw,
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
         FLOAT_2_23_BITS,
-        **meta,
+        ZERO_POINT=weight.zero_point,
+        ZERO_MODE=ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,
+        HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k,
         PREFETCH=cfg.prefetch,
         LOOP_STAGES=cfg.loop_stages,
