@@ -127,12 +127,11 @@ def _row_epilogue(
 
 
 @triton.jit
-def group_scale_and_zero(s_rows, z_rows, g_off, n_ok, ZERO_POINT: tl.constexpr, ZERO_MODE: tl.constexpr):
-    """A group's scale and zero point of each row, in fp32 (the zero point a tensor's or a constant);
-    g_off is the group's offset in the scale tensors (g * stride_sg)."""
-    s = tl.load(s_rows + g_off, mask=n_ok, other=0.0).to(tl.float32)
+def group_scale_and_zero(s_rows, z_rows, g, n_ok, ZERO_POINT: tl.constexpr, ZERO_MODE: tl.constexpr):
+    """Group g's scale and zero point of each row, in fp32 (the zero point a tensor's or a constant)."""
+    s = tl.load(s_rows + g, mask=n_ok, other=0.0).to(tl.float32)
     if ZERO_MODE == 1:
-        z = tl.load(z_rows + g_off, mask=n_ok, other=0).to(tl.float32)
+        z = tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)
     else:
         z = tl.zeros(s.shape, dtype=tl.float32) + ZERO_POINT
     return s, z
@@ -182,7 +181,6 @@ def _w4_row_kernel(
     KW,
     stride_qn,
     stride_sn,
-    stride_sg,
     exponent,
     ZERO_POINT: tl.constexpr,
     ZERO_MODE: tl.constexpr,
@@ -223,7 +221,7 @@ def _w4_row_kernel(
             )
         else:
             words = tl.load(q_rows + cols[None, :], mask=n_ok[:, None], other=0)
-        s, z = group_scale_and_zero(s_rows, z_rows, g * stride_sg, n_ok, ZERO_POINT, ZERO_MODE)
+        s, z = group_scale_and_zero(s_rows, z_rows, g, n_ok, ZERO_POINT, ZERO_MODE)
         part = decode_tile_dot(words, _x_of_words(x_ptr, cols), z, exponent)
         acc += s[:, None] * part
         if PREFETCH:
@@ -306,7 +304,7 @@ def w4_row_gemv(
         n,
         kw,
         weight.qweight.stride(0),
-        *weight.scale_strides(),
+        weight.scales.stride(0),
         FLOAT_2_23_BITS,
         ZERO_POINT=weight.zero_point,
         ZERO_MODE=ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,

@@ -54,7 +54,6 @@ def _qgemv_kernel(
     stride_xm,
     stride_qn,
     stride_sn,
-    stride_sg,
     stride_ym,
     ZERO_POINT: tl.constexpr,
     ZERO_MODE: tl.constexpr,
@@ -93,12 +92,11 @@ def _qgemv_kernel(
         wn_mask = n_ok[:, None] & k_ok[None, :]
         words = tl.load(q_rows + kw[None, :], mask=wn_mask, other=0)
         group = kk // GROUP
-        g_off = group[None, :] * stride_sg
-        scale = tl.load(s_rows + g_off, mask=wn_mask, other=0.0).to(tl.float32)
+        scale = tl.load(s_rows + group[None, :], mask=wn_mask, other=0.0).to(tl.float32)
         if ZERO_MODE == 1:
-            zero = tl.load(z_rows + g_off, mask=wn_mask, other=0).to(tl.float32)
+            zero = tl.load(z_rows + group[None, :], mask=wn_mask, other=0).to(tl.float32)
         elif ZERO_MODE == 2:
-            mins = tl.load(z_rows + g_off, mask=wn_mask, other=0.0).to(tl.float32)
+            mins = tl.load(z_rows + group[None, :], mask=wn_mask, other=0.0).to(tl.float32)
         xm_mask = m_ok[:, None] & k_ok[None, :]
         for i in tl.static_range(PER_WORD):
             q = ((words >> (i * BITS)) & MASK).to(tl.float32)
@@ -179,8 +177,9 @@ def quant_matmul(
     per_word = 32 // weight.bits
     if weight.group_size % per_word:
         raise ValueError(f"group size {weight.group_size} is not a multiple of {per_word}")
-    if not weight.qweight.is_contiguous():
-        raise ValueError("the packed codes must be contiguous")
+    for t in (weight.qweight, weight.scales, weight.zeros, weight.mins):
+        if t is not None and (t.stride(1) != 1 or t.stride(0) != t.shape[1]):
+            raise ValueError("quantized weight tensors must be contiguous")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
@@ -210,7 +209,7 @@ def quant_matmul(
         k,
         x.stride(0),
         weight.qweight.stride(0),
-        *weight.scale_strides(),
+        weight.scales.stride(0),
         y.stride(0),
         ZERO_POINT=weight.zero_point,
         ZERO_MODE=mode,
@@ -236,7 +235,6 @@ def _w4_dequant_kernel(
     N,
     stride_qn,
     stride_sn,
-    stride_sg,
     stride_on,
     ZERO_POINT: tl.constexpr,
     ZERO_MODE: tl.constexpr,
@@ -252,10 +250,9 @@ def _w4_dequant_kernel(
     n_ok = rn < N
     rn64 = rn.to(tl.int64)
     words = tl.load(qw_ptr + rn64[:, None] * stride_qn + (g * GROUP_W + rj)[None, :], mask=n_ok[:, None])
-    s_off = rn64 * stride_sn + g * stride_sg
-    s = tl.load(s_ptr + s_off, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    s = tl.load(s_ptr + rn64 * stride_sn + g, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     if ZERO_MODE == 1:
-        z = tl.load(z_ptr + s_off, mask=n_ok, other=0).to(tl.float32)[:, None]
+        z = tl.load(z_ptr + rn64 * stride_sn + g, mask=n_ok, other=0).to(tl.float32)[:, None]
     else:
         z = ZERO_POINT
     ty = out_ptr.dtype.element_ty
@@ -294,7 +291,7 @@ def dequantize_int4(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor
         out,
         n,
         weight.qweight.stride(0),
-        *weight.scale_strides(),
+        weight.scales.stride(0),
         out.stride(0),
         ZERO_POINT=weight.zero_point,
         ZERO_MODE=ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,

@@ -41,13 +41,7 @@ from qwick.quantization.base import QuantizationConfig
 from qwick.quantization.formats import awq as awq_codec
 from qwick.quantization.formats import cpu_int4, rtn
 from qwick.quantization.formats import gptq as gptq_codec
-from qwick.quantization.formats.layout import (
-    QuantizedWeight,
-    compact_zeros,
-    dequantize,
-    group_major,
-    pack_along_k,
-)
+from qwick.quantization.formats.layout import QuantizedWeight, compact_zeros, dequantize, pack_along_k
 from qwick.quantization.formats.reference import dequant_matmul
 
 logger = logging.getLogger(__name__)
@@ -96,28 +90,19 @@ class PackedLinearMethod(LinearMethod):
     quantized = True
     repacks_weight = True
     workspace = None
-    # On CUDA, scales / zeros / mins are stored group-major (`formats.layout.group_major`): a kernel's tile
-    # of rows reads one group's scales from one line instead of one line per row.
-    group_major_scales = True
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
-        on_cuda = qw.qweight.device.type == "cuda"
-        arrange = group_major if on_cuda and self.group_major_scales else torch.Tensor.contiguous
-
-        def param(t: torch.Tensor | None) -> nn.Parameter | None:
-            return None if t is None else nn.Parameter(arrange(t), requires_grad=False)
-
         layer.weight = nn.Parameter(qw.qweight.contiguous(), requires_grad=False)
-        layer.scales = param(qw.scales)
-        layer.zeros = param(qw.zeros)
-        layer.mins = param(qw.mins)
+        layer.scales = nn.Parameter(qw.scales.contiguous(), requires_grad=False)
+        layer.zeros = None if qw.zeros is None else nn.Parameter(qw.zeros.contiguous(), requires_grad=False)
+        layer.mins = None if qw.mins is None else nn.Parameter(qw.mins.contiguous(), requires_grad=False)
         layer.perm = None if qw.perm is None else nn.Parameter(qw.perm, requires_grad=False)
         self.zero_point = qw.zero_point
         self.bits = qw.bits
         self.internal_group_size = qw.group_size
         layer.cpu_int4_pack = None  # made again from this weight at the first CPU decode (`_cpu_pack`)
-        if on_cuda:
+        if layer.weight.device.type == "cuda":
             from qwick.kernels.gemv import shared_workspace
 
             self.workspace = shared_workspace(layer.weight.device)

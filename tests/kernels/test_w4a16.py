@@ -52,16 +52,12 @@ def _weight(kind: str, n: int, k: int, dev: torch.device) -> QuantizedWeight:
             _random_gguf(t, rows, k, seed=n + k + i) for i, (t, rows) in enumerate(zip(FUSED[kind], sizes))
         ]
         return fuse_n(parts).to(dev)
-    if kind == "gguf-q4k-group-major":  # mins stored group-major too
-        return _random_gguf(gguf_quant.Q4_K, n, k, seed=n + k).to(dev).in_group_major()
     if kind.startswith("gguf"):
         qtype = {"gguf-q4k": gguf_quant.Q4_K, "gguf-q6k": gguf_quant.Q6_K, "gguf-q8": gguf_quant.Q8_0}[kind]
         return _random_gguf(qtype, n, k, seed=n + k).to(dev)
     w = torch.randn(n, k, generator=gen) / k**0.5
     if kind == "rtn-asym":
         return rtn.quantize(w.to(dev))
-    if kind == "rtn-asym-group-major":  # scales and zero points stored group-major, as on CUDA layers
-        return rtn.quantize(w.to(dev)).in_group_major()
     order = torch.randperm(k, generator=gen)
     return gptq.to_internal(**gptq.quantize(w, 128, sym=True, act_order=order)).to(dev)
 
@@ -103,18 +99,18 @@ def _check(kind: str, n: int, k: int, ms: list[int], bias: bool) -> None:
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("kind", ["rtn-asym", "gptq-act-order", "rtn-asym-group-major"])
+@pytest.mark.parametrize("kind", ["rtn-asym", "gptq-act-order"])
 def test_int4_matches_reference(kind, n, k):
     _check(kind, n, k, MS, bias=kind == "rtn-asym")
 
 
 @pytest.mark.parametrize("n,k", GGUF_SHAPES)
-@pytest.mark.parametrize("kind", ["gguf-q4k", "gguf-q6k", "gguf-q8", "gguf-q4k-group-major", *FUSED])
+@pytest.mark.parametrize("kind", ["gguf-q4k", "gguf-q6k", "gguf-q8", *FUSED])
 def test_gguf_matches_reference(kind, n, k):
     _check(kind, n, k, MS[:3] + MS[-1:], bias=True)
 
 
-@pytest.mark.parametrize("kind", ["rtn-asym", "gptq-act-order", "rtn-asym-group-major"])
+@pytest.mark.parametrize("kind", ["rtn-asym", "gptq-act-order"])
 @pytest.mark.parametrize("n,k", SHAPES[:2])
 def test_dequantize_int4_is_bit_identical_to_the_reference(kind, n, k):
     """The prefill path's Triton dequantization gives exactly `formats.layout.dequantize`'s weights, in

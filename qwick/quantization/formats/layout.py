@@ -84,24 +84,6 @@ class QuantizedWeight:
             if t is not None
         )
 
-    def scale_strides(self) -> tuple[int, int]:
-        """(stride per row, stride per group) of the scales, which zeros / mins share: what the kernels
-        index all three with. Row-major [N, G] as converted, or group-major (`group_major_scales`)."""
-        strides = self.scales.stride()
-        for name in ("zeros", "mins"):
-            t = getattr(self, name)
-            if t is not None and t.stride() != strides:
-                raise ValueError(f"{name} strides {t.stride()} differ from the scales' {strides}")
-        return strides[0], strides[1]
-
-    def in_group_major(self) -> QuantizedWeight:
-        """This weight with its scales, zeros and mins stored group-major (see `group_major`)."""
-
-        def arrange(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else group_major(t)
-
-        return replace(self, scales=arrange(self.scales), zeros=arrange(self.zeros), mins=arrange(self.mins))
-
     def to(self, device: torch.device | str) -> QuantizedWeight:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
@@ -114,12 +96,6 @@ class QuantizedWeight:
             mins=move(self.mins),
             perm=move(self.perm),
         )
-
-
-def group_major(t: torch.Tensor) -> torch.Tensor:
-    """The same [N, G] values stored group by group (strides (1, N)): a tile of rows then finds one
-    group's scales side by side (one 128-byte line for 64 fp16 scales) instead of one line per row."""
-    return t.t().contiguous().t()
 
 
 def pack_along_k(q: torch.Tensor, bits: int) -> torch.Tensor:

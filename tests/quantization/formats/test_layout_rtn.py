@@ -111,20 +111,6 @@ def test_quantized_weight_validation():
     assert layout.compact_zeros(torch.full((3, 2), 8))[0] is None
 
 
-def test_group_major_keeps_values_and_reports_strides():
-    """The kernels index scales, zeros and mins with one pair of strides; group-major storage changes
-    those strides, never the values, and a zero-point tensor stored differently is refused."""
-    w = torch.randn(24, 256)
-    qw = rtn.quantize(w, group_size=64)
-    gm = qw.in_group_major()
-    assert qw.scale_strides() == (4, 1) and gm.scale_strides() == (1, 24)
-    assert gm.zeros.stride() == (1, 24) and torch.equal(gm.zeros, qw.zeros)
-    assert torch.equal(dequantize(gm), dequantize(qw))
-    mixed = QuantizedWeight(qw.qweight, gm.scales, bits=4, group_size=64, zeros=qw.zeros)
-    with pytest.raises(ValueError, match="zeros strides"):
-        mixed.scale_strides()
-
-
 def test_concat_n_fuses_shards():
     torch.manual_seed(3)
     a, b, c = (torch.randn(n, 256) for n in (32, 16, 16))
