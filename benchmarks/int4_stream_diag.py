@@ -1,15 +1,22 @@
 """What holds the batch-1 int4 GEMV near 1.9 TB/s? One kernel with the row GEMV's tiling (64 rows x one
 group of 16 int32 words per iteration, split 1, 4 warps, qwen2.5-7b gate/up), built up stage by stage:
 
-    load      the code tiles only (XORed together so the loads stay); also at 32 and 128-row tiles
+    load      the code tiles only (XORed together so the loads stay);
     +scales   and each group's scale and zero point per row
     +x        and the eight activations of every word (`_x_of_words`), summed
     full      the row GEMV's decoding and products (`decode_tile_dot`), as `qwick.kernels.row_gemv`
     wide      `load` with 32-word tiles (128 B of each row per iteration instead of 64 B)
 
+and `load` and `full` with each tile brought in by the copy engine (TMA, a host tensor descriptor),
+software-pipelined 2-6 tiles deep: the bytes in flight then cost shared memory, not registers.
+
 beside a device copy of the same bytes. If `load` alone stays near 2 TB/s, the tiling (not the arithmetic)
 is the limit; if it streams near the copy, the stage that loses the most is. CUDA-graph replays over weight
-copies that overflow the L2; us per call and TB/s of code bytes. argv[1]: JSON out.
+copies that overflow the L2; us per call and TB/s of code bytes. argv[1]: JSON out. With NCU="variant;...",
+one launch of each named variant (as printed) between profiler start and stop instead, for Nsight Compute:
+
+    NCU="full, loop stages 1;load, loop stages 1" ncu --clock-control none --profile-from-start off \
+        --section WarpStateStats --section SchedulerStats python benchmarks/int4_stream_diag.py
 """
 
 import itertools
@@ -20,6 +27,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, os.getcwd())
 from qwick.kernels.row_gemv import (  # noqa: E402
@@ -33,19 +41,102 @@ from qwick.quantization.formats.layout import dequantize  # noqa: E402
 
 N, K = 37888, 3584  # qwen2.5-7b gate/up
 L2_OVERFLOW = 200 << 20
-STAGES = ("load", "+scales", "+x", "full")
+STAGES = ("load", "+scales", "+x", "full", "full f16x2")
+X_DIV = 64.0  # f16x2: activations / 64 keep 32 fp16 products of codes <= 15 in range
+
+
+def _dot4_asm() -> str:
+    """PTX: four words ($1-$4), their 16 activation pairs ($5 + 4 * word + shift), the row's f16x2
+    (1024 + z, 1024 + z) ($21) -> the fp32 sum of the 32 products ($0). `(w >> 4p) & 0x000F000F | 0x64006400`
+    reads as the f16 pair (1024 + q_p, 1024 + q_{p+4}): one lop3, one sub and one fma per two codes.
+    (The f16x2 row GEMV of commit 3eccbdc, removed for streaming no faster with plain loads.)"""
+    lines = ["{", ".reg .b32 t, v, d, acc;", ".reg .b16 lo, hi;", ".reg .f32 fa, fb;", "mov.b32 acc, 0;"]
+    for k in range(4):
+        for p in range(4):
+            src = f"${1 + k}"
+            if p:
+                lines.append(f"shr.u32 t, {src}, {4 * p};")
+                src = "t"
+            lines.append(f"lop3.b32 v, {src}, 0x000F000F, 0x64006400, 0xEA;")  # (a & b) | c
+            lines.append("sub.f16x2 d, v, $21;")
+            lines.append(f"fma.rn.f16x2 acc, d, ${5 + 4 * k + p}, acc;")
+    lines += [
+        "mov.b32 {lo, hi}, acc;",
+        "cvt.f32.f16 fa, lo;",
+        "cvt.f32.f16 fb, hi;",
+        "add.f32 $0, fa, fb;",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+DOT4_ASM = _dot4_asm()
+_X_DIV = tl.constexpr(X_DIV)
+
+
+def half2_pairs(x: torch.Tensor) -> torch.Tensor:
+    """x [1, K] -> int32 [K / 8, 4]: per word, the fp16 pairs (x[8w + p], x[8w + p + 4]) / X_DIV."""
+    h = (x.float() / X_DIV).to(torch.float16).view(-1, 2, 4)  # [word, half, p]
+    return h.transpose(1, 2).contiguous().view(torch.int32).view(-1, 4)
+
+
+@triton.jit
+def _split4(t):
+    """A [..., 2, 2] tensor -> its four [...] slices, in the order of the flattened last two indices."""
+    a, b = tl.split(t)
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return a0, b0, a1, b1
+
+
+@triton.jit
+def _half2_tile_dot(words, xp_ptr, j, z, ASM: tl.constexpr):
+    """[BLOCK_N, BLOCK_W / 4] sums of 32 products (q - z) * x / X_DIV: four words of a row per element."""
+    BLOCK_N: tl.constexpr = words.shape[0]
+    C: tl.constexpr = words.shape[1] // 4
+    r4 = tl.arange(0, 4)
+    cols = j + tl.arange(0, C)[:, None] * 4 + r4[None, :]  # [C, 4]: words 4c .. 4c + 3
+    xs = tl.load(xp_ptr + cols[:, :, None] * 4 + r4[None, None, :])  # [C, word, shift]
+    pa, pb, pc, pd = _split4(xs.reshape(C, 4, 2, 2))  # [C, word] per shift
+    xa0, xa1, xa2, xa3 = _split4(pa.reshape(C, 2, 2))
+    xb0, xb1, xb2, xb3 = _split4(pb.reshape(C, 2, 2))
+    xc0, xc1, xc2, xc3 = _split4(pc.reshape(C, 2, 2))
+    xd0, xd1, xd2, xd3 = _split4(pd.reshape(C, 2, 2))
+    w0, w1, w2, w3 = _split4(words.reshape(BLOCK_N, C, 2, 2))
+    zh = (z + 1024.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return tl.inline_asm_elementwise(
+        ASM,
+        "=r" + ",r" * 21,
+        [w0, w1, w2, w3,
+         xa0[None, :], xb0[None, :], xc0[None, :], xd0[None, :],
+         xa1[None, :], xb1[None, :], xc1[None, :], xd1[None, :],
+         xa2[None, :], xb2[None, :], xc2[None, :], xd2[None, :],
+         xa3[None, :], xb3[None, :], xc3[None, :], xd3[None, :],
+         (zh | (zh << 16))[:, None]],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
 def _stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, KW, stride_sn, exponent, STAGE: tl.constexpr,
-                   LOOP_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
-    """STAGE 0 load, 1 +scales, 2 +x, 3 full (see the module docstring); one row per output."""
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+                   TMA: tl.constexpr, LOOP_STAGES: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_W: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """STAGE 0 load, 1 +scales, 2 +x, 3 full, 4 full in f16x2 (x_ptr: `half2_pairs`) (see the module
+    docstring); one row per output. TMA: qw_ptr is a tensor descriptor of the codes and each tile comes
+    through the copy engine."""
+    row0 = tl.program_id(0) * BLOCK_N
+    rn = row0 + tl.arange(0, BLOCK_N)
     rj = tl.arange(0, BLOCK_W)
     acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+    acc4 = tl.zeros((BLOCK_N, BLOCK_W // 4), dtype=tl.float32)  # f16x2: four words per element
     bits = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
     for j in tl.range(0, KW, BLOCK_W, num_stages=LOOP_STAGES):
-        words = tl.load(qw_ptr + rn.to(tl.int64)[:, None] * KW + j + rj[None, :])
+        if TMA:
+            words = qw_ptr.load([row0, j])
+        else:
+            words = tl.load(qw_ptr + rn.to(tl.int64)[:, None] * KW + j + rj[None, :])
         if STAGE == 0:
             bits ^= words
         else:
@@ -61,18 +152,24 @@ def _stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, KW, stride_sn, exponent, 
                 xsum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
                 bits ^= words
                 acc += (s + z)[:, None] * xsum[None, :]
-            else:
+            elif STAGE == 3:
                 acc += s[:, None] * decode_tile_dot(words, _x_of_words(x_ptr, j + rj), z, exponent)
-    out = tl.sum(acc + bits.to(tl.float32), axis=1)
+            else:
+                acc4 += s[:, None] * _half2_tile_dot(words, x_ptr, j, z, ASM)
+    out = tl.sum(acc + bits.to(tl.float32), axis=1) + tl.sum(acc4, axis=1) * _X_DIV
     tl.store(y_ptr + rn, out.to(y_ptr.dtype.element_ty))
 
 
-def run(x, qw, codes, stage: int, block_w: int, loop_stages: int, block_n: int = 64, warps: int = 4):
+def run(x, qw, codes, stage: int, block_w: int, loop_stages: int, block_n: int = 64, warps: int = 4,
+        tma: bool = False):  # fmt: skip
     kw = qw.qweight.shape[1]
     y = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    if tma:
+        codes = TensorDescriptor.from_tensor(codes, [block_n, block_w])
+    xin = half2_pairs(x) if stage == STAGES.index("full f16x2") else x
     _stream_kernel[(N // block_n,)](
-        x, codes, qw.scales, qw.zeros, y, kw, qw.scales.stride(0), FLOAT_2_23_BITS, STAGE=stage,
-        LOOP_STAGES=loop_stages, BLOCK_N=block_n, BLOCK_W=block_w, num_warps=warps,
+        xin, codes, qw.scales, qw.zeros, y, kw, qw.scales.stride(0), FLOAT_2_23_BITS, STAGE=stage, TMA=tma,
+        LOOP_STAGES=loop_stages, BLOCK_N=block_n, BLOCK_W=block_w, ASM=DOT4_ASM, num_warps=warps,
     )  # fmt: skip
     return y
 
@@ -94,9 +191,14 @@ def main() -> None:
     nbytes = qw.qweight.numel() * 4
     copies = [qw.qweight.clone() for _ in range(-(-L2_OVERFLOW // nbytes) if dev.type == "cuda" else 1)]
     ref = x.double() @ dequantize(qw).double().T
-    full = run(x, qw, copies[0], STAGES.index("full"), 16, 1).double()
-    err = ((full - ref).norm() / ref.norm()).item()
-    assert err < 5e-3, f"the full stage does not compute the GEMV: relative error {err:.3g}"
+    errs = {}
+    full_stages = STAGES[3:] if dev.type == "cuda" else STAGES[3:4]  # the interpreter runs no PTX
+    for stage, tma in itertools.product(full_stages, (False, True)):
+        full = run(x, qw, copies[0], STAGES.index(stage), 16, 3, tma=tma).double()
+        errs[f"{stage}{', TMA' if tma else ''}"] = ((full - ref).norm() / ref.norm()).item()
+    print("relative error against float64:", {k: f"{v:.2g}" for k, v in errs.items()}, flush=True)
+    err = max(errs.values())
+    assert err < 5e-3, f"a full stage does not compute the GEMV: relative errors {errs}"
     rows = []
     dst = [torch.empty_like(c) for c in copies]
 
@@ -106,21 +208,49 @@ def main() -> None:
 
     t = graph_us(copy_all, len(copies))
     rows.append({"variant": "device copy (read + write)", "us": t, "read_tb_s": nbytes / t / 1e6})
-    # (label, stage, words per row per tile, rows per tile, warps)
-    cases = [(name, i, 16, 64, 4) for i, name in enumerate(STAGES)]
-    cases += [("wide (load, 32 words)", 0, 32, 64, 4), ("load, 128 rows", 0, 16, 128, 4)]
-    cases += [("load, 128 rows, 8 warps", 0, 16, 128, 8), ("load, 32 rows", 0, 16, 32, 4)]
-    for (name, *shape), loop_stages in itertools.product(cases, (1, 3)):
+    # (label, stage, words per row per tile, rows per tile, warps, TMA), loop stages
+    cases = [((name, i, 16, 64, 4, False), (1, 3)) for i, name in enumerate(STAGES[:4])]
+    cases += [(("wide (load, 32 words)", 0, 32, 64, 4, False), (1, 3))]
+    cases += [
+        ((f"{name}, TMA", i, 16, 64, 4, True), (2, 3, 4, 6)) for i, name in enumerate(STAGES) if i in (0, 3)
+    ]
+    cases += [
+        (("full, TMA, 128 rows", 3, 16, 128, 4, True), (3, 4)),
+        (("full, TMA, 32 words", 3, 32, 64, 4, True), (3,)),
+    ]
+    cases += [(("full, TMA, 8 warps", 3, 16, 64, 8, True), (3, 4))]
+    if dev.type == "cuda":
+        cases += [
+            (("full f16x2", 4, 16, 64, 4, False), (1, 3)),
+            (("full f16x2, TMA", 4, 16, 64, 4, True), (2, 3, 4, 6)),
+        ]
+        cases += [(("full f16x2, TMA, 32 words", 4, 32, 64, 4, True), (3, 4))]
+        cases += [(("full f16x2, TMA, 128 rows", 4, 16, 128, 4, True), (3, 4))]
+        cases += [(("full f16x2, TMA, 8 warps", 4, 16, 64, 8, True), (3, 4))]
+    if os.environ.get("NCU"):  # one launch of each named variant between profiler start and stop
+        picked = set(os.environ["NCU"].split(";"))
+        chosen = [(c, st) for c, stages in cases for st in stages if f"{c[0]}, loop stages {st}" in picked]
+        for (_name, *shape), loop_stages in chosen:
+            run(x, qw, copies[0], shape[0], shape[1], loop_stages, *shape[2:])  # compile, warm
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        for (_name, *shape), loop_stages in chosen:
+            run(x, qw, copies[1], shape[0], shape[1], loop_stages, *shape[2:])
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        print("profiled, in order:", [f"{c[0]}, loop stages {st}" for c, st in chosen])
+        return
+    for (name, *shape), loop_stages in ((c, st) for c, stages in cases for st in stages):
 
         def calls(shape=shape, loop_stages=loop_stages) -> None:
-            stage, block_w, block_n, warps = shape
+            stage, block_w, block_n, warps, tma = shape
             for c in copies:
-                run(x, qw, c, stage, block_w, loop_stages, block_n, warps)
+                run(x, qw, c, stage, block_w, loop_stages, block_n, warps, tma)
 
         t = graph_us(calls, len(copies))
         rows.append({"variant": f"{name}, loop stages {loop_stages}", "us": t, "read_tb_s": nbytes / t / 1e6})
     for r in rows:
-        print(f"{r['variant']:34s} {r['us']:7.1f} us {r['read_tb_s']:5.2f} TB/s", flush=True)
+        print(f"{r['variant']:40s} {r['us']:7.1f} us {r['read_tb_s']:5.2f} TB/s", flush=True)
     with open(sys.argv[1] if len(sys.argv) > 1 else "int4_stream_diag.json", "w") as f:
         json.dump({"n": n_rows, "k": k, "code_bytes": nbytes, "full_rel_err": err, "rows": rows}, f, indent=1)
 
