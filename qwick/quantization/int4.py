@@ -90,6 +90,8 @@ class PackedLinearMethod(LinearMethod):
     quantized = True
     repacks_weight = True
     workspace = None
+    # Batch-1 decode through the packed-fp16 GEMV (`qwick.kernels.row_gemv_half2`); False: the fp32 one.
+    decode_half2 = True
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
@@ -157,10 +159,13 @@ class PackedLinearMethod(LinearMethod):
         batches above 16, where this rewrites the whole layer in bf16 every step): dequantize the layer into
         a transient bf16/fp16 weight with one Triton kernel, then cuBLAS."""
         from qwick.kernels.row_gemv import w4_row_gemv, w4_row_supported
+        from qwick.kernels.row_gemv_half2 import w4_half2_gemv, w4_half2_supported
         from qwick.kernels.w4a16 import dequantize_int4, quant_matmul
 
         m = x.shape[0]
         fast = w4_row_supported(weight)
+        if m == 1 and self.decode_half2 and w4_half2_supported(weight, x):
+            return w4_half2_gemv(x, weight, layer.bias, self.workspace)
         if m == 1 and fast:
             return w4_row_gemv(x, weight, layer.bias, self.workspace)
         if 0 < m <= 16:

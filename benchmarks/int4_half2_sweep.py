@@ -1,0 +1,90 @@
+"""Batch-1 int4 GEMV: the packed-fp16 kernel (`qwick.kernels.row_gemv_half2`) over launch shapes, beside
+the fp32 row GEMV (`qwick.kernels.row_gemv`) at its default, at the qwen2.5-7b layer shapes. Each candidate
+is checked against float64, then timed as decode runs it: CUDA-graph replays over weight copies that
+together overflow the L2. Prints the default and the best three per shape and the per-layer sums; argv[1]:
+JSON out. With TRITON_INTERPRET=1 on the CPU: tiny shapes, a smoke test without timings.
+"""
+
+import itertools
+import json
+import os
+import sys
+from dataclasses import replace
+
+import torch
+import triton
+
+sys.path.insert(0, os.getcwd())
+from qwick.kernels.gemv import GemvWorkspace  # noqa: E402
+from qwick.kernels.row_gemv import RowGemvConfig, w4_row_gemv  # noqa: E402
+from qwick.kernels.row_gemv_half2 import default_half2_config, w4_half2_gemv  # noqa: E402
+from qwick.quantization.formats import rtn  # noqa: E402
+from qwick.quantization.formats.layout import dequantize  # noqa: E402
+
+SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+L2_OVERFLOW = 200 << 20
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    SHAPES = {"tiny": (64, 512)}
+
+
+def graph_us(calls, n: int) -> float:
+    calls()  # compile outside the capture
+    if not CUDA:
+        return float("nan")
+    return triton.testing.do_bench_cudagraph(calls, rep=40, return_mode="median") * 1e3 / n
+
+
+def main() -> None:
+    dev = torch.device("cuda" if CUDA else "cpu")
+    if CUDA:
+        ws = GemvWorkspace(dev, max_elems=1 << 24)
+    else:  # the interpreter's smoke test: a workspace without CUDA's device query
+        ws = GemvWorkspace.__new__(GemvWorkspace)
+        ws.partials, ws.num_sms = torch.empty(1 << 20), 4
+        ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
+        ws.configs = {}
+    report = {}
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+        qw = rtn.quantize(w, group_size=128)
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        ref = x.double() @ dequantize(qw).double().T
+        nbytes = qw.nbytes
+        copies = [replace(qw, qweight=qw.qweight.clone()) for _ in range(max(1, -(-L2_OVERFLOW // nbytes)))]
+        if not CUDA:
+            copies = copies[:1]
+        kw = k // 8
+        cands = [("fp32 row GEMV, default", None)]
+        cands.append(("f16x2, default", default_half2_config(n, kw, ws.num_sms)))
+        for bn, bw, split in itertools.product((32, 64, 128), (16, 32), (1, 2, 4, 8, 16)):
+            if kw % bw == 0 and kw // bw >= split and (split == 1 or n // bn < 4 * ws.num_sms):
+                cands.append((f"f16x2 {bn}x{bw} split {split}", RowGemvConfig(bn, bw, split)))
+        rows = []
+        for label, cfg in cands:
+            fn = w4_row_gemv if label.startswith("fp32") else w4_half2_gemv
+            out = fn(x, qw, None, ws, cfg).double()
+            err = ((out - ref).norm() / ref.norm()).item()
+            if err > 4e-3:
+                print(f"{name} {label}: relative error {err:.3g}, skipped", flush=True)
+                continue
+
+            def calls(fn=fn, cfg=cfg, x=x, copies=copies) -> None:
+                for c in copies:
+                    fn(x, c, None, ws, cfg)
+
+            t = graph_us(calls, len(copies))
+            rows.append({"candidate": label, "us": t, "tb_s": nbytes / t / 1e6, "err": err})
+        report[name] = rows
+        best = sorted((r for r in rows if "default" not in r["candidate"]), key=lambda r: r["us"])[:3]
+        for r in [r for r in rows if "default" in r["candidate"]] + best:
+            print(f"{name:8s} {r['candidate']:28s} {r['us']:7.1f} us {r['tb_s']:5.2f} TB/s", flush=True)
+    for label in ("fp32 row GEMV, default", "f16x2, default"):
+        total = sum(next(r["us"] for r in report[s] if r["candidate"] == label) for s in report)
+        print(f"per layer, {label}: {total:.1f} us")
+    with open(sys.argv[1] if len(sys.argv) > 1 else "int4_half2_sweep.json", "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

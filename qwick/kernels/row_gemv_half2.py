@@ -1,0 +1,315 @@
+"""The batch-1 int4 GEMV in packed fp16 arithmetic (f16x2): half the instructions of `qwick.kernels.row_gemv`.
+
+At batch 1 the fp32 row GEMV spends ~5 instructions per code and keeps too few warps resident to hide
+their latency: Nsight Compute has it issue-bound at ~40 us on the qwen2.5-7b gate/up (1.7 TB/s of codes).
+Here two codes become one f16x2 value in one `lop3`: `(w >> 4p) & 0x000F000F | 0x64006400` reads as the
+pair (1024 + q_p, 1024 + q_{p+4}), so for the four shifts p of a word, `sub.f16x2` removes (1024 + z)
+exactly (small integers) and `fma.rn.f16x2` multiplies by the matching pair of activations and accumulates:
+15 instructions per word of eight codes. Four words (32 products) are summed in fp16, then in fp32, and
+scaled by their group's scale in fp32.
+
+Tiles are 32 words (256 codes) of each of 64 rows, several groups wide: per-iteration costs (scale loads,
+loop control) halve against one-group tiles, and that is most of the gain. On the H200 the gate/up tile
+streams in 23.1 us against 38.6-40.5 for the fp32 kernel (`benchmarks/int4_stream_diag.py`, seventh session
+of 12-01 in BENCHMARKS.md).
+
+The activations are read as they are (bf16 or fp16) and turned into the pairs the `fma`s need in registers,
+once per quad of words per thread (`XPAIRS_*`: unpack, scale by 1/64, `cvt.rn.f16x2.f32`), so the GEMV
+needs no preparatory launch. The 1/64 (`X_DIV`) keeps 32 products of up to 15 |x| / 64 below fp16's 65504
+for |x| up to ~8,700; an fp16 sum of 32 products carries ~1e-3 relative error (measured: the same error
+against float64 as the fp32 kernel, 1.7e-3, dominated by rounding the output to bf16).
+
+Under Triton's interpreter, which runs no PTX, the kernel computes the same products in fp32 (`EMULATE`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from qwick.kernels.gemv import GemvWorkspace, split_k_for
+from qwick.kernels.row_gemv import RowGemvConfig, _check_workspace, _row_epilogue, w4_row_supported
+from qwick.kernels.w4a16 import ZERO_CONST, ZERO_TENSOR
+from qwick.quantization.formats.layout import QuantizedWeight
+
+X_DIV = 64.0
+_X_DIV = tl.constexpr(X_DIV)
+# The interpreter runs no PTX: there the kernel computes the same products in fp32.
+_EMULATE = os.environ.get("TRITON_INTERPRET") == "1"
+TILE_WORDS = 32  # 256 codes of a row per tile
+
+
+def _dot4_asm() -> str:
+    """PTX: four words ($1-$4), their 16 activation pairs ($5 + 4 * word + shift), the row's f16x2
+    (1024 + z, 1024 + z) ($21) -> the fp32 sum of the 32 products ($0)."""
+    lines = ["{", ".reg .b32 t, v, d, acc;", ".reg .b16 lo, hi;", ".reg .f32 fa, fb;", "mov.b32 acc, 0;"]
+    for k in range(4):
+        for p in range(4):
+            src = f"${1 + k}"
+            if p:
+                lines.append(f"shr.u32 t, {src}, {4 * p};")
+                src = "t"
+            lines.append(f"lop3.b32 v, {src}, 0x000F000F, 0x64006400, 0xEA;")  # (a & b) | c
+            lines.append("sub.f16x2 d, v, $21;")
+            lines.append(f"fma.rn.f16x2 acc, d, ${5 + 4 * k + p}, acc;")
+    lines += [
+        "mov.b32 {lo, hi}, acc;",
+        "cvt.f32.f16 fa, lo;",
+        "cvt.f32.f16 fb, hi;",
+        "add.f32 $0, fa, fb;",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+def _xpairs_bf16_asm() -> str:
+    """PTX: the eight bf16 activations of one word of codes, two per input ($4-$7: x0x1, x2x3, x4x5, x6x7)
+    -> the four f16x2 pairs (x_p, x_{p+4}) / X_DIV ($0-$3, x_p in the low half)."""
+    lines = ["{", ".reg .b32 v<8>;"]
+    for i in range(4):
+        lines.append(f"shl.b32 v{2 * i}, ${4 + i}, 16;")
+        lines.append(f"and.b32 v{2 * i + 1}, ${4 + i}, 0xFFFF0000;")
+    for i in range(8):
+        lines.append(f"mul.f32 v{i}, v{i}, 0f3C800000;")  # 1 / 64
+    for p in range(4):
+        lines.append(f"cvt.rn.f16x2.f32 ${p}, v{p + 4}, v{p};")  # (high, low)
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _xpairs_f16_asm() -> str:
+    """PTX: as `_xpairs_bf16_asm` for fp16 activations: bytes permuted into pairs, then one f16x2 multiply."""
+    lines = ["{", ".reg .b32 t, scale;", "mov.b32 scale, 0x24002400;"]  # (1/64, 1/64)
+    for p in range(4):
+        lo, hi = f"${4 + p // 2}", f"${6 + p // 2}"  # x_p and x_{p+4}: the same half of words 0/1 and 2/3
+        lines.append(f"prmt.b32 t, {lo}, {hi}, {'0x5410' if p % 2 == 0 else '0x7632'};")
+        lines.append(f"mul.rn.f16x2 ${p}, t, scale;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+DOT4_ASM = _dot4_asm()
+XPAIRS_BF16_ASM = _xpairs_bf16_asm()
+XPAIRS_F16_ASM = _xpairs_f16_asm()
+
+
+@triton.jit
+def _split4(t):
+    """A [..., 2, 2] tensor -> its four [...] slices, in the order of the flattened last two indices."""
+    a, b = tl.split(t)  # last index 0 (flat 0, 2) / 1 (flat 1, 3)
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return a0, b0, a1, b1
+
+
+@triton.jit
+def _words_pairs(d):
+    """[C, 4] pairs of one shift (one per word of each quad) -> four [1, C] (word 0..3)."""
+    C: tl.constexpr = d.shape[0]
+    w0, w1, w2, w3 = _split4(d.reshape(C, 2, 2))
+    return w0[None, :], w1[None, :], w2[None, :], w3[None, :]
+
+
+@triton.jit
+def _f16_bits(v):
+    """fp32 values rounded to fp16, their bits in the low half of an int32."""
+    return v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.constexpr):
+    """[BLOCK_N, C] sums of 32 products (q - z) * x / X_DIV, four words of a row (a quad) per element.
+    words [BLOCK_N, 4 * C], cols [C, 4] their word indices, z [BLOCK_N, C] the zero points; x_ptr the
+    16-bit activations, which XPAIRS turns into the f16x2 pairs (x_p, x_{p+4}) / X_DIV of each word."""
+    C: tl.constexpr = cols.shape[0]
+    xw = x_ptr.to(tl.pointer_type(tl.int32)) + 4 * cols  # two activations per int32, four int32 per word
+    xs = tl.load(xw[:, :, None] + tl.arange(0, 4)[None, None, :])  # [C, word, 4]
+    a0, a1, a2, a3 = _split4(xs.reshape(C, 4, 2, 2))  # [C, word]: x0x1, x2x3, x4x5, x6x7
+    d0, d1, d2, d3 = tl.inline_asm_elementwise(
+        XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
+    )  # [C, word] per shift
+    x00, x10, x20, x30 = _words_pairs(d0)  # x{word}{shift}
+    x01, x11, x21, x31 = _words_pairs(d1)
+    x02, x12, x22, x32 = _words_pairs(d2)
+    x03, x13, x23, x33 = _words_pairs(d3)
+    BLOCK_N: tl.constexpr = words.shape[0]
+    w0, w1, w2, w3 = _split4(words.reshape(BLOCK_N, C, 2, 2))
+    zh = _f16_bits(z + 1024.0)
+    return tl.inline_asm_elementwise(
+        DOT4,
+        "=r" + ",r" * 21,
+        [w0, w1, w2, w3,
+         x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
+         zh | (zh << 16)],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _tile_dot_emulated(words, x_ptr, cols, z):
+    """What `_tile_dot_half2` computes, in fp32 Triton arithmetic (for the interpreter)."""
+    C: tl.constexpr = cols.shape[0]
+    BLOCK_N: tl.constexpr = words.shape[0]
+    ws = _split4(words.reshape(BLOCK_N, C, 2, 2))
+    wcols = _split4(cols.reshape(C, 2, 2))
+    part = tl.zeros((BLOCK_N, C), tl.float32)
+    for k in tl.static_range(4):
+        for p in tl.static_range(8):
+            x = tl.load(x_ptr + 8 * wcols[k] + p).to(tl.float32) / _X_DIV
+            q = ((ws[k] >> (4 * p)) & 0xF).to(tl.float32) - z
+            part += q * x[None, :]
+    return part
+
+
+@triton.jit
+def _tile_scales(
+    s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W: tl.constexpr, BLOCK_W: tl.constexpr
+):
+    """[BLOCK_N, C] scale and zero point of each row and quad of the tile at word j, loaded one group at a
+    time as [BLOCK_N] vectors (a [BLOCK_N, C] gather would set the layout of the whole tile)."""
+    QUADS: tl.constexpr = GROUP_W // 4 if GROUP_W < BLOCK_W else BLOCK_W // 4  # quads per group in the tile
+    s = tl.zeros((n_ok.shape[0], quad.shape[0]), dtype=tl.float32)
+    z = tl.zeros((n_ok.shape[0], quad.shape[0]), dtype=tl.float32) + ZERO_POINT
+    for i in tl.static_range(BLOCK_W // 4 // QUADS):
+        g = (j + 4 * QUADS * i) // GROUP_W
+        here = (quad // (4 * QUADS) == i)[None, :]
+        s = tl.where(here, tl.load(s_rows + g, mask=n_ok, other=0.0).to(tl.float32)[:, None], s)
+        if ZERO_MODE == 1:
+            z = tl.where(here, tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)[:, None], z)
+    return s, z
+
+
+@triton.jit
+def _w4_half2_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    counter_ptr,
+    N,
+    KW,
+    stride_qn,
+    stride_sn,
+    ZERO_POINT: tl.constexpr,
+    ZERO_MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    GROUP_W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    XPAIRS: tl.constexpr,
+    DOT4: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); tiles of BLOCK_W words of
+    BLOCK_N rows, handled a quad of words (32 codes, inside one group) at a time. KW is a multiple of
+    BLOCK_W, so only rows are masked (and the loads stay 16 bytes wide)."""
+    C: tl.constexpr = BLOCK_W // 4
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
+    j_start = pid_k * w_per_split
+    j_end = tl.minimum(j_start + w_per_split, KW)
+    rn64 = rn.to(tl.int64)
+    q_rows = qw_ptr + rn64[:, None] * stride_qn
+    s_rows = s_ptr + rn64 * stride_sn
+    z_rows = z_ptr + rn64 * stride_sn
+    quad = tl.arange(0, C) * 4
+    rw = tl.arange(0, BLOCK_W)
+    acc = tl.zeros((BLOCK_N, C), dtype=tl.float32)
+    for j in tl.range(j_start, j_end, BLOCK_W):
+        words = tl.load(q_rows + (j + rw)[None, :], mask=n_ok[:, None], other=0)
+        cols = j + quad[:, None] + tl.arange(0, 4)[None, :]  # [C, 4]: the words of each quad
+        s, z = _tile_scales(s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
+        if EMULATE:
+            part = _tile_dot_emulated(words, x_ptr, cols, z)
+        else:
+            part = _tile_dot_half2(words, x_ptr, cols, z, XPAIRS, DOT4)
+        acc += s * part
+    acc *= _X_DIV
+    _row_epilogue(
+        acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rn, n_ok, pid_n, pid_k, N, HAS_BIAS, SPLIT_K, BLOCK_N
+    )
+
+
+def w4_half2_supported(weight: QuantizedWeight, x: torch.Tensor) -> bool:
+    """Whether `w4_half2_gemv` takes this product: `w4_row_supported` weights and 16-bit activations."""
+    return w4_row_supported(weight) and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def tile_words_for(kw: int) -> int:
+    """The widest tile (32, 16 or 8 words) that divides a row: then no column needs a mask."""
+    return next(w for w in (TILE_WORDS, 16, 8) if kw % w == 0)
+
+
+def default_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig:
+    """64 rows x 32 words per tile, 4 warps; K split until about four programs per SM are streaming."""
+    block_n, block_w = 64, tile_words_for(kw)
+    split = split_k_for(triton.cdiv(n, block_n), kw // block_w, num_sms)
+    return RowGemvConfig(block_n, block_w, split)
+
+
+def w4_half2_gemv(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    ws: GemvWorkspace,
+    config: RowGemvConfig | None = None,
+) -> torch.Tensor:
+    """`x @ W.T + bias` for one row x [1, K] of bf16/fp16 activations and an int4 `QuantizedWeight`
+    (`w4_half2_supported`), in f16x2 arithmetic (see the module docstring)."""
+    n, k = weight.shape
+    if x.shape != (1, k) or not w4_half2_supported(weight, x):
+        raise ValueError(
+            f"w4_half2_gemv needs x [1, {k}] in bf16/fp16 and int4 groups of 64-256, got x {tuple(x.shape)} "
+            f"{x.dtype}, group {weight.group_size}"
+        )
+    if weight.perm is not None:  # act-order: the weight's K is stored grouped; gather x to match
+        x = x.index_select(1, weight.perm)
+    x = x.contiguous()
+    if x.data_ptr() % 16:  # read four int32 at a time
+        x = x.clone()
+    kw = k // 8
+    group_words = weight.group_size // 8
+    cfg = config or default_half2_config(n, kw, ws.num_sms)
+    if kw % cfg.block_k or cfg.block_k % 4 or (cfg.block_k % group_words and group_words % cfg.block_k):
+        raise ValueError(f"tiles of {cfg.block_k} words do not fit rows of {kw} in groups of {group_words}")
+    tiles = _check_workspace(ws, n, cfg)
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _w4_half2_kernel[(tiles, cfg.split_k)](
+        x,
+        weight.qweight,
+        weight.scales,
+        weight.zeros if weight.zeros is not None else weight.scales,  # a dummy for constant zero points
+        bias if bias is not None else weight.scales,
+        y,
+        ws.partials,
+        ws.counters,
+        n,
+        kw,
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+        ZERO_POINT=weight.zero_point,
+        ZERO_MODE=ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,
+        HAS_BIAS=bias is not None,
+        SPLIT_K=cfg.split_k,
+        GROUP_W=group_words,
+        BLOCK_N=cfg.block_n,
+        BLOCK_W=cfg.block_k,
+        XPAIRS=XPAIRS_BF16_ASM if x.dtype == torch.bfloat16 else XPAIRS_F16_ASM,
+        DOT4=DOT4_ASM,
+        EMULATE=_EMULATE,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return y
