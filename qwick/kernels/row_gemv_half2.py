@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.gemv import GemvWorkspace, split_k_for
+from qwick.kernels.gemv import GemvWorkspace
 from qwick.kernels.row_gemv import RowGemvConfig, _check_workspace, _row_epilogue, w4_row_supported
 from qwick.kernels.w4a16 import ZERO_CONST, ZERO_TENSOR
 from qwick.quantization.formats.layout import QuantizedWeight
@@ -253,9 +253,14 @@ def tile_words_for(kw: int) -> int:
 
 
 def default_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig:
-    """64 rows x 32 words per tile, 4 warps; K split until about four programs per SM are streaming."""
+    """64 rows x 32 words per tile, 4 warps; K split (doubling) until about four programs per SM are
+    streaming, down to one tile of K per split. From the H200 sweep (`benchmarks/int4_half2_sweep.py`) at
+    the qwen2.5-7b shapes: split 1 for gate/up (27.5 us), 8 for qkv (6.4 us; 7.7 with at least two tiles per
+    split) and o (6.0 against 7.4), 16 for down (17.0; 16.7 at 8)."""
     block_n, block_w = 64, tile_words_for(kw)
-    split = split_k_for(triton.cdiv(n, block_n), kw // block_w, num_sms)
+    tiles, k_tiles, split = triton.cdiv(n, block_n), kw // block_w, 1
+    while tiles * split < 4 * num_sms and k_tiles >= 2 * split:
+        split *= 2
     return RowGemvConfig(block_n, block_w, split)
 
 
