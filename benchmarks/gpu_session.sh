@@ -12,7 +12,7 @@
 #   bash benchmarks/gpu_session.sh profile   # where time goes: 2048-token TTFT, batch-1 step, fp8 workload 3,
 #                                            # fp8 GEMM accumulation modes, fp8 GEMMs at 17 <= M <= 256
 #   bash benchmarks/gpu_session.sh decode8   # 8-bit / 4-bit decode: the W8A8 / int4 kernel tests, the wide
-#                                            # W8A8 sweep, the int4 row-GEMV sweep, batch 1 per mode
+#                                            # W8A8 sweep, the f16x2 int4 GEMV sweep, batch 1 per mode
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
@@ -97,12 +97,12 @@ case "${1:-}" in
     ;;
   decode8)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py tests/kernels/test_row_gemv.py \
-      tests/kernels/test_elementwise.py tests/quantization/test_w8a8_gpu.py tests/quantization/test_w8a8_layer.py \
-      2>&1 | tail -3
+      tests/kernels/test_row_gemv_half2.py tests/kernels/test_elementwise.py tests/quantization/test_w8a8_gpu.py \
+      tests/quantization/test_w8a8_layer.py 2>&1 | tail -3
     python benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant_kernels.log" | tail -4
     MS=1 WIDE=1 SAMPLE=24 BUDGET_S=150 python benchmarks/w8a8_gemv_sweep.py "$OUT/w8a8_wide.json" 2>&1 \
       | grep -E "^(gate|down|qkv|o )"
-    MODES=int4 BUDGET_S=90 python benchmarks/row_gemv_sweep.py "$OUT/row_gemv_int4.json" 2>&1 | tail -6
+    python benchmarks/int4_half2_sweep.py "$OUT/int4_half2_sweep.json" 2>&1 | tail -14
     for q in fp8 int8 int4; do
       run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
     done

@@ -17,11 +17,10 @@ the word, 3-7 from the word shifted right by 12: one shift and eight mask-ors pe
 The exponent bits (0x4B000000) come in as a kernel argument, not a literal: a 32-bit logic instruction
 (LOP3) takes one immediate, so with both the mask and the exponent as literals ptxas spends two per code;
 with the exponent in a register, one. That is 13% of the loop's instructions (425 -> 368 per iteration at
-the gate/up launch shape, SASS of the sm_90 build). Fewer instructions stopped paying after that: a variant
-in packed fp16 (two codes per `lop3`, `sub`/`fma.f16x2`: half the instructions) streamed no faster, with or
-without a register prefetch or a deeper pipeline (BENCHMARKS.md, sixth session of 12-01; the code is in
-commit 3eccbdc), and storing each tile contiguously gained 3.5% (benchmarks/int4_tiled_layout.py): int4
-stays near 1.9 TB/s for a reason the profile does not show yet.
+the gate/up launch shape, SASS of the sm_90 build). With 16-bit activations, batch-1 decode now goes
+through `qwick.kernels.row_gemv_half2` instead: the same decoding in packed fp16 (half the instructions)
+over 32-word tiles, 60 against 74 us per 7b layer on the H200. This kernel stays the path for fp32
+activations and the reference the f16x2 one is compared with.
 
 The same approach for 8-bit codes (Triton's own int8/fp8 conversion on the CUDA cores, or the bit tricks)
 measured no faster than the tensor-core `qwick.kernels.gemv` on 8-bit codes, which therefore stays their

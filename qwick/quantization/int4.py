@@ -16,7 +16,8 @@ int32). `process_weights_after_loading` converts the fused tensors once into `Qu
 on CPUs with AVX2/AVX-512, 4-bit weights at decode sizes in bf16 go through torch's int4 GEMM instead
 (`formats.cpu_int4`, ~10x faster than dequantizing every call).
 On CUDA with bf16/fp16 activations, kernels that compute the same dequantized weights: one row (batch-1
-decode) the CUDA-core GEMV of `qwick.kernels.row_gemv`, 2-16 rows the tensor-core W4A16 kernel
+decode) the packed-fp16 CUDA-core GEMV of `qwick.kernels.row_gemv_half2` (`decode_half2`; the fp32
+`qwick.kernels.row_gemv` otherwise), 2-16 rows the tensor-core W4A16 kernel
 (`qwick.kernels.w4a16`), more rows (prefill) one Triton kernel dequantizing the layer to bf16, then cuBLAS.
 Weights outside the fast kernels' reach (GGUF's Q4_K mins, 8-bit containers) use the W4A16 kernel at 2-16
 rows and the reference path otherwise.
