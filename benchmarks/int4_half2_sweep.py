@@ -2,8 +2,7 @@
 the fp32 row GEMV (`qwick.kernels.row_gemv`) at its default, at the qwen2.5-7b layer shapes. Each candidate
 is checked against float64, then timed as decode runs it: CUDA-graph replays over weight copies that
 together overflow the L2. Prints the default and the best three per shape and the per-layer sums; argv[1]:
-JSON out. DEFAULTS_ONLY=1 times the two defaults only; X1D=1 sets `row_gemv_half2.X_PAIRS_1D`. With
-TRITON_INTERPRET=1 on the CPU: tiny shapes, a smoke test without timings.
+JSON out. With TRITON_INTERPRET=1 on the CPU: tiny shapes, a smoke test without timings.
 """
 
 import itertools
@@ -16,7 +15,6 @@ import torch
 import triton
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels import row_gemv_half2  # noqa: E402
 from qwick.kernels.gemv import GemvWorkspace  # noqa: E402
 from qwick.kernels.row_gemv import RowGemvConfig, w4_row_gemv  # noqa: E402
 from qwick.kernels.row_gemv_half2 import default_half2_config, w4_half2_gemv  # noqa: E402
@@ -38,7 +36,6 @@ def graph_us(calls, n: int) -> float:
 
 
 def main() -> None:
-    row_gemv_half2.X_PAIRS_1D = os.environ.get("X1D") == "1"
     dev = torch.device("cuda" if CUDA else "cpu")
     if CUDA:
         ws = GemvWorkspace(dev, max_elems=1 << 24)
@@ -60,8 +57,7 @@ def main() -> None:
         kw = k // 8
         cands = [("fp32 row GEMV, default", None)]
         cands.append(("f16x2, default", default_half2_config(n, kw, ws.num_sms)))
-        shapes = itertools.product((32, 64, 128), (16, 32), (1, 2, 4, 8, 16))
-        for bn, bw, split in [] if os.environ.get("DEFAULTS_ONLY") else shapes:
+        for bn, bw, split in itertools.product((32, 64, 128), (16, 32), (1, 2, 4, 8, 16)):
             if kw % bw == 0 and kw // bw >= split and (split == 1 or n // bn < 4 * ws.num_sms):
                 cands.append((f"f16x2 {bn}x{bw} split {split}", RowGemvConfig(bn, bw, split)))
         rows = []

@@ -40,8 +40,6 @@ _X_DIV = tl.constexpr(X_DIV)
 # The interpreter runs no PTX: there the kernel computes the same products in fp32.
 _EMULATE = os.environ.get("TRITON_INTERPRET") == "1"
 TILE_WORDS = 32  # 256 codes of a row per tile
-# (being measured) load each word's activations as [C] vectors in the tile's own layout
-X_PAIRS_1D = os.environ.get("QWICK_H2_X1D") == "1"
 
 
 def _dot4_asm() -> str:
@@ -122,43 +120,21 @@ def _f16_bits(v):
 
 
 @triton.jit
-def _word_pairs_1d(xq, k: tl.constexpr, XPAIRS: tl.constexpr):
-    base = xq + 4 * k
-    a0 = tl.load(base)
-    a1 = tl.load(base + 1)
-    a2 = tl.load(base + 2)
-    a3 = tl.load(base + 3)
-    d0, d1, d2, d3 = tl.inline_asm_elementwise(
-        XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
-    )
-    return d0[None, :], d1[None, :], d2[None, :], d3[None, :]
-
-
-@triton.jit
-def _tile_dot_half2(
-    words, x_ptr, cols, qcols, z, XPAIRS: tl.constexpr, DOT4: tl.constexpr, X1D: tl.constexpr
-):
+def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.constexpr):
     """[BLOCK_N, C] sums of 32 products (q - z) * x / X_DIV, four words of a row (a quad) per element.
     words [BLOCK_N, 4 * C], cols [C, 4] their word indices, z [BLOCK_N, C] the zero points; x_ptr the
     16-bit activations, which XPAIRS turns into the f16x2 pairs (x_p, x_{p+4}) / X_DIV of each word."""
     C: tl.constexpr = cols.shape[0]
     xw = x_ptr.to(tl.pointer_type(tl.int32)) + 4 * cols  # two activations per int32, four int32 per word
-    if X1D:
-        xq = x_ptr.to(tl.pointer_type(tl.int32)) + 4 * qcols
-        x00, x01, x02, x03 = _word_pairs_1d(xq, 0, XPAIRS)
-        x10, x11, x12, x13 = _word_pairs_1d(xq, 1, XPAIRS)
-        x20, x21, x22, x23 = _word_pairs_1d(xq, 2, XPAIRS)
-        x30, x31, x32, x33 = _word_pairs_1d(xq, 3, XPAIRS)
-    else:
-        xs = tl.load(xw[:, :, None] + tl.arange(0, 4)[None, None, :])  # [C, word, 4]
-        a0, a1, a2, a3 = _split4(xs.reshape(C, 4, 2, 2))  # [C, word]: x0x1, x2x3, x4x5, x6x7
-        d0, d1, d2, d3 = tl.inline_asm_elementwise(
-            XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
-        )  # [C, word] per shift
-        x00, x10, x20, x30 = _words_pairs(d0)  # x{word}{shift}
-        x01, x11, x21, x31 = _words_pairs(d1)
-        x02, x12, x22, x32 = _words_pairs(d2)
-        x03, x13, x23, x33 = _words_pairs(d3)
+    xs = tl.load(xw[:, :, None] + tl.arange(0, 4)[None, None, :])  # [C, word, 4]
+    a0, a1, a2, a3 = _split4(xs.reshape(C, 4, 2, 2))  # [C, word]: x0x1, x2x3, x4x5, x6x7
+    d0, d1, d2, d3 = tl.inline_asm_elementwise(
+        XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
+    )  # [C, word] per shift
+    x00, x10, x20, x30 = _words_pairs(d0)  # x{word}{shift}
+    x01, x11, x21, x31 = _words_pairs(d1)
+    x02, x12, x22, x32 = _words_pairs(d2)
+    x03, x13, x23, x33 = _words_pairs(d3)
     BLOCK_N: tl.constexpr = words.shape[0]
     w0, w1, w2, w3 = _split4(words.reshape(BLOCK_N, C, 2, 2))
     zh = _f16_bits(z + 1024.0)
@@ -232,7 +208,6 @@ def _w4_half2_kernel(
     XPAIRS: tl.constexpr,
     DOT4: tl.constexpr,
     EMULATE: tl.constexpr,
-    X1D: tl.constexpr = False,
 ):
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); tiles of BLOCK_W words of
     BLOCK_N rows, handled a quad of words (32 codes, inside one group) at a time. KW is a multiple of
@@ -259,7 +234,7 @@ def _w4_half2_kernel(
         if EMULATE:
             part = _tile_dot_emulated(words, x_ptr, cols, z)
         else:
-            part = _tile_dot_half2(words, x_ptr, cols, j + quad, z, XPAIRS, DOT4, X1D)
+            part = _tile_dot_half2(words, x_ptr, cols, z, XPAIRS, DOT4)
         acc += s * part
     acc *= _X_DIV
     _row_epilogue(
@@ -339,7 +314,6 @@ def w4_half2_gemv(
         XPAIRS=XPAIRS_BF16_ASM if x.dtype == torch.bfloat16 else XPAIRS_F16_ASM,
         DOT4=DOT4_ASM,
         EMULATE=_EMULATE,
-        X1D=X_PAIRS_1D,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
