@@ -97,7 +97,7 @@ case "${1:-}" in
     ;;
   decode8)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py tests/kernels/test_row_gemv.py \
-      tests/kernels/test_row_gemv_half2.py tests/kernels/test_elementwise.py tests/quantization/test_w8a8_gpu.py \
+      tests/kernels/test_elementwise.py tests/quantization/test_w8a8_gpu.py \
       tests/quantization/test_w8a8_layer.py 2>&1 | tail -3
     python benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant_kernels.log" | tail -4
     MS=1 WIDE=1 SAMPLE=24 BUDGET_S=150 python benchmarks/w8a8_gemv_sweep.py "$OUT/w8a8_wide.json" 2>&1 \

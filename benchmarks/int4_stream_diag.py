@@ -36,41 +36,13 @@ from qwick.kernels.row_gemv import (  # noqa: E402
     decode_tile_dot,
     group_scale_and_zero,
 )
+from qwick.kernels.row_gemv_half2 import DOT4_ASM, X_DIV, _split4  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import dequantize  # noqa: E402
 
 N, K = 37888, 3584  # qwen2.5-7b gate/up
 L2_OVERFLOW = 200 << 20
 STAGES = ("load", "+scales", "+x", "full", "full f16x2")
-X_DIV = 64.0  # f16x2: activations / 64 keep 32 fp16 products of codes <= 15 in range
-
-
-def _dot4_asm() -> str:
-    """PTX: four words ($1-$4), their 16 activation pairs ($5 + 4 * word + shift), the row's f16x2
-    (1024 + z, 1024 + z) ($21) -> the fp32 sum of the 32 products ($0). `(w >> 4p) & 0x000F000F | 0x64006400`
-    reads as the f16 pair (1024 + q_p, 1024 + q_{p+4}): one lop3, one sub and one fma per two codes.
-    (The f16x2 row GEMV of commit 3eccbdc, removed for streaming no faster with plain loads.)"""
-    lines = ["{", ".reg .b32 t, v, d, acc;", ".reg .b16 lo, hi;", ".reg .f32 fa, fb;", "mov.b32 acc, 0;"]
-    for k in range(4):
-        for p in range(4):
-            src = f"${1 + k}"
-            if p:
-                lines.append(f"shr.u32 t, {src}, {4 * p};")
-                src = "t"
-            lines.append(f"lop3.b32 v, {src}, 0x000F000F, 0x64006400, 0xEA;")  # (a & b) | c
-            lines.append("sub.f16x2 d, v, $21;")
-            lines.append(f"fma.rn.f16x2 acc, d, ${5 + 4 * k + p}, acc;")
-    lines += [
-        "mov.b32 {lo, hi}, acc;",
-        "cvt.f32.f16 fa, lo;",
-        "cvt.f32.f16 fb, hi;",
-        "add.f32 $0, fa, fb;",
-        "}",
-    ]
-    return "\n".join(lines)
-
-
-DOT4_ASM = _dot4_asm()
 _PAIRS: dict = {}  # x -> its half2_pairs, made once (their small torch kernels are not the GEMV's time)
 _X_DIV = tl.constexpr(X_DIV)
 
@@ -79,15 +51,6 @@ def half2_pairs(x: torch.Tensor) -> torch.Tensor:
     """x [1, K] -> int32 [K / 8, 4]: per word, the fp16 pairs (x[8w + p], x[8w + p + 4]) / X_DIV."""
     h = (x.float() / X_DIV).to(torch.float16).view(-1, 2, 4)  # [word, half, p]
     return h.transpose(1, 2).contiguous().view(torch.int32).view(-1, 4)
-
-
-@triton.jit
-def _split4(t):
-    """A [..., 2, 2] tensor -> its four [...] slices, in the order of the flattened last two indices."""
-    a, b = tl.split(t)
-    a0, a1 = tl.split(a)
-    b0, b1 = tl.split(b)
-    return a0, b0, a1, b1
 
 
 @triton.jit

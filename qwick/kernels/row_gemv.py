@@ -167,6 +167,24 @@ def decode_tile_dot(words, xs, z, exponent):
 
 
 @triton.jit
+def row_split(
+    qw_ptr, s_ptr, z_ptr, N, KW, stride_qn, stride_sn, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W
+):
+    """A program's rows and its range of K words [j_start, j_end) (splits of whole tiles), and the row
+    pointers of the codes ([BLOCK_N, 1]), scales and zero points ([BLOCK_N])."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
+    j_start = pid_k * w_per_split
+    j_end = tl.minimum(j_start + w_per_split, KW)
+    rn64 = rn.to(tl.int64)
+    q_rows = qw_ptr + rn64[:, None] * stride_qn
+    s_rows = s_ptr + rn64 * stride_sn
+    return pid_n, pid_k, rn, rn < N, j_start, j_end, q_rows, s_rows, z_ptr + rn64 * stride_sn
+
+
+@triton.jit
 def _w4_row_kernel(
     x_ptr,
     qw_ptr,
@@ -193,18 +211,10 @@ def _w4_row_kernel(
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]), one group g per tile of K.
 
     z is an integer (a zero-point tensor or constant), so every `f * 16^-p - (2^(23 - 4p) + z)` is exact."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n, pid_k, rn, n_ok, j_start, j_end, q_rows, s_rows, z_rows = row_split(
+        qw_ptr, s_ptr, z_ptr, N, KW, stride_qn, stride_sn, SPLIT_K, BLOCK_N, BLOCK_W
+    )
     rj = tl.arange(0, BLOCK_W)
-    n_ok = rn < N
-    w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
-    j_start = pid_k * w_per_split
-    j_end = tl.minimum(j_start + w_per_split, KW)
-    rn64 = rn.to(tl.int64)
-    q_rows = qw_ptr + rn64[:, None] * stride_qn
-    s_rows = s_ptr + rn64 * stride_sn
-    z_rows = z_ptr + rn64 * stride_sn
     acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
     if PREFETCH:  # the next tile's load is issued before this tile's arithmetic: twice the bytes in flight
         words = tl.load(
@@ -262,6 +272,43 @@ def _check_workspace(ws: GemvWorkspace, n: int, cfg: RowGemvConfig) -> int:
     return tiles
 
 
+def row_input(x: torch.Tensor, weight: QuantizedWeight, align: int) -> torch.Tensor:
+    """The row x [1, K] as the int4 row GEMVs read it: in the weight's stored K order (act-order weights
+    gather it), contiguous, its start aligned to `align` bytes."""
+    if weight.perm is not None:  # act-order: the weight's K is stored grouped; gather x to match
+        x = x.index_select(1, weight.perm)
+    x = x.contiguous()
+    return x.clone() if x.data_ptr() % align else x
+
+
+def weight_args(
+    weight: QuantizedWeight, bias: torch.Tensor | None, y: torch.Tensor, ws: GemvWorkspace
+) -> tuple[tuple, dict]:
+    """The launch arguments the int4 row GEMV kernels share after x: codes, scales, zero points and bias
+    (the scales stand in for absent ones), y, the split-K workspace, N, words per row and the two row
+    strides; and the zero-point and bias constexprs."""
+    n, k = weight.shape
+    args = (
+        weight.qweight,
+        weight.scales,
+        weight.zeros if weight.zeros is not None else weight.scales,  # a dummy for constant zero points
+        bias if bias is not None else weight.scales,
+        y,
+        ws.partials,
+        ws.counters,
+        n,
+        k // 8,
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+    )
+    meta = dict(
+        ZERO_POINT=weight.zero_point,
+        ZERO_MODE=ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,
+        HAS_BIAS=bias is not None,
+    )
+    return args, meta
+
+
 def w4_row_supported(weight: QuantizedWeight) -> bool:
     """Whether `w4_row_gemv` takes this weight: int4 with integer zero points in groups of 64-256 (AWQ,
     GPTQ, RTN int4). GGUF's Q4_K (mins, 32-element groups) stays on `qwick.kernels.w4a16`."""
@@ -279,35 +326,19 @@ def w4_row_gemv(
     n, k = weight.shape
     if x.shape != (1, k) or not w4_row_supported(weight):
         raise ValueError(f"w4_row_gemv needs x [1, {k}] and int4 groups of 64-256, got {weight.group_size}")
-    if weight.perm is not None:  # act-order: the weight's K is stored grouped; gather x to match
-        x = x.index_select(1, weight.perm)
-    x = x.contiguous()
-    if x.data_ptr() % 4:  # 16-bit activations are read two per 32-bit load
-        x = x.clone()
+    x = row_input(x, weight, 4)  # 16-bit activations are read two per 32-bit load
     group_words = weight.group_size // 8
-    kw = k // 8
-    cfg = config or default_w4_config(n, kw, group_words, ws.num_sms)
+    cfg = config or default_w4_config(n, k // 8, group_words, ws.num_sms)
     if cfg.block_k != group_words:
         raise ValueError(f"the tile must be one group deep ({group_words} words), got {cfg.block_k}")
     tiles = _check_workspace(ws, n, cfg)
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    args, meta = weight_args(weight, bias, y, ws)
     _w4_row_kernel[(tiles, cfg.split_k)](
         x,
-        weight.qweight,
-        weight.scales,
-        weight.zeros if weight.zeros is not None else weight.scales,  # a dummy for constant zero points
-        bias if bias is not None else weight.scales,
-        y,
-        ws.partials,
-        ws.counters,
-        n,
-        kw,
-        weight.qweight.stride(0),
-        weight.scales.stride(0),
+        *args,
         FLOAT_2_23_BITS,
-        ZERO_POINT=weight.zero_point,
-        ZERO_MODE=ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,
-        HAS_BIAS=bias is not None,
+        **meta,
         SPLIT_K=cfg.split_k,
         PREFETCH=cfg.prefetch,
         LOOP_STAGES=cfg.loop_stages,

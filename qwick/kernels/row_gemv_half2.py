@@ -31,8 +31,15 @@ import triton
 import triton.language as tl
 
 from qwick.kernels.gemv import GemvWorkspace
-from qwick.kernels.row_gemv import RowGemvConfig, _check_workspace, _row_epilogue, w4_row_supported
-from qwick.kernels.w4a16 import ZERO_CONST, ZERO_TENSOR
+from qwick.kernels.row_gemv import (
+    RowGemvConfig,
+    _check_workspace,
+    _row_epilogue,
+    row_input,
+    row_split,
+    w4_row_supported,
+    weight_args,
+)
 from qwick.quantization.formats.layout import QuantizedWeight
 
 X_DIV = 64.0
@@ -213,17 +220,9 @@ def _w4_half2_kernel(
     BLOCK_N rows, handled a quad of words (32 codes, inside one group) at a time. KW is a multiple of
     BLOCK_W, so only rows are masked (and the loads stay 16 bytes wide)."""
     C: tl.constexpr = BLOCK_W // 4
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn < N
-    w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
-    j_start = pid_k * w_per_split
-    j_end = tl.minimum(j_start + w_per_split, KW)
-    rn64 = rn.to(tl.int64)
-    q_rows = qw_ptr + rn64[:, None] * stride_qn
-    s_rows = s_ptr + rn64 * stride_sn
-    z_rows = z_ptr + rn64 * stride_sn
+    pid_n, pid_k, rn, n_ok, j_start, j_end, q_rows, s_rows, z_rows = row_split(
+        qw_ptr, s_ptr, z_ptr, N, KW, stride_qn, stride_sn, SPLIT_K, BLOCK_N, BLOCK_W
+    )
     quad = tl.arange(0, C) * 4
     rw = tl.arange(0, BLOCK_W)
     acc = tl.zeros((BLOCK_N, C), dtype=tl.float32)
@@ -279,11 +278,7 @@ def w4_half2_gemv(
             f"w4_half2_gemv needs x [1, {k}] in bf16/fp16 and int4 groups of 64-256, got x {tuple(x.shape)} "
             f"{x.dtype}, group {weight.group_size}"
         )
-    if weight.perm is not None:  # act-order: the weight's K is stored grouped; gather x to match
-        x = x.index_select(1, weight.perm)
-    x = x.contiguous()
-    if x.data_ptr() % 16:  # read four int32 at a time
-        x = x.clone()
+    x = row_input(x, weight, 16)  # read four int32 at a time
     kw = k // 8
     group_words = weight.group_size // 8
     cfg = config or default_half2_config(n, kw, ws.num_sms)
@@ -291,22 +286,11 @@ def w4_half2_gemv(
         raise ValueError(f"tiles of {cfg.block_k} words do not fit rows of {kw} in groups of {group_words}")
     tiles = _check_workspace(ws, n, cfg)
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    args, meta = weight_args(weight, bias, y, ws)
     _w4_half2_kernel[(tiles, cfg.split_k)](
         x,
-        weight.qweight,
-        weight.scales,
-        weight.zeros if weight.zeros is not None else weight.scales,  # a dummy for constant zero points
-        bias if bias is not None else weight.scales,
-        y,
-        ws.partials,
-        ws.counters,
-        n,
-        kw,
-        weight.qweight.stride(0),
-        weight.scales.stride(0),
-        ZERO_POINT=weight.zero_point,
-        ZERO_MODE=ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,
-        HAS_BIAS=bias is not None,
+        *args,
+        **meta,
         SPLIT_K=cfg.split_k,
         GROUP_W=group_words,
         BLOCK_N=cfg.block_n,

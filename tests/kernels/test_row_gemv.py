@@ -1,9 +1,13 @@
-"""The batch-1 int4 GEMV (`qwick.kernels.row_gemv`) against float64 dequantize-then-matmul.
+"""The batch-1 int4 GEMVs against float64 dequantize-then-matmul: the fp32 one (`qwick.kernels.row_gemv`)
+and the packed-fp16 one (`qwick.kernels.row_gemv_half2`, "f16x2").
 
 The bit tricks must decode every code exactly: integer codes, zero points and inputs with unit scales
-give an exact integer result, checked for equality; then whole products at the qwen2.5-7b decode shapes
-with split-K (counters reset on a second call), bias, zero-point tensors, symmetric int4 with act-order,
-and 64-, 128- and 256-wide groups. With TRITON_INTERPRET=1 it runs on the CPU at small shapes.
+give an exact integer result (fp16 holds the f16x2 kernel's partial sums exactly too), checked for
+equality; then whole products at the qwen2.5-7b decode shapes with split-K (counters reset on a second
+call), bias, zero-point tensors, symmetric int4 with act-order, 64-, 128- and 256-wide groups, and the
+f16x2 kernel's tiles of 8-32 words spanning groups. With TRITON_INTERPRET=1 both run on the CPU at small
+shapes; the f16x2 kernel there computes its products in fp32 (the interpreter runs no PTX), so the GPU run
+is what checks its inline assembly.
 """
 
 from __future__ import annotations
@@ -18,15 +22,28 @@ from tests.triton_utils import INTERPRET, gemv_workspace, triton_device
 pytestmark = [pytest.mark.gpu, pytest.mark.interpret]
 
 
-# (N, K): qwen2.5-7b qkv, o, gate_up, down; an N that is not a multiple of the tile
-SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (1000, 1024)]
+# (N, K): qwen2.5-7b qkv, o, gate_up, down; an N that is not a multiple of the tile, a K of 112 words
+SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (1000, 1024), (1000, 896)]
 if INTERPRET:
     SHAPES = [(96, 512), (40, 768)]
+# the interpreter rounds fp32 -> bf16 toward zero (-371 -> -370, not -372), so bf16 is checked on GPUs only
+X_DTYPES = [torch.float16] + ([] if INTERPRET else [torch.bfloat16])
+KERNEL_X = [("fp32", torch.float32)] + [(kernel, t) for kernel in ("fp32", "f16x2") for t in X_DTYPES]
 
 
-def _configs(n: int, kw: int, ws, group_words: int = 16):
+def _gemv(kernel: str):
+    from qwick.kernels.row_gemv import w4_row_gemv
+    from qwick.kernels.row_gemv_half2 import w4_half2_gemv
+
+    return w4_row_gemv if kernel == "fp32" else w4_half2_gemv
+
+
+def _configs(kernel: str, n: int, kw: int, ws, group_words: int = 16):
     from qwick.kernels.row_gemv import RowGemvConfig, default_w4_config
+    from qwick.kernels.row_gemv_half2 import default_half2_config
 
+    if kernel == "f16x2":  # tiles of 8-32 words, within or across groups
+        return [default_half2_config(n, kw, ws.num_sms), RowGemvConfig(32, 8, 3), RowGemvConfig(16, 16, 2)]
     return [
         default_w4_config(n, kw, group_words, ws.num_sms),
         RowGemvConfig(32, group_words, 1),
@@ -37,17 +54,14 @@ def _configs(n: int, kw: int, ws, group_words: int = 16):
 
 @pytest.mark.parametrize("group", [64, 128, 256])
 @pytest.mark.parametrize("zeros", [True, False])
-# the interpreter rounds fp32 -> bf16 toward zero (-371 -> -370, not -372), so bf16 is checked on GPUs only
-@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16] + ([] if INTERPRET else [torch.bfloat16]))
-def test_every_nibble_position_decodes_exactly(group, zeros, x_dtype):
-    """Codes 0-15 at every position of a word, zero points 0-15, unit scales, small integer x: the fp32
-    sums are exact integers, rounded once to x's dtype, so any wrong nibble, shift or offset shows as a
-    mismatch; 16-bit activations take the two-per-load path, both halves of every pair."""
-    from qwick.kernels.row_gemv import w4_row_gemv
-
+@pytest.mark.parametrize("kernel,x_dtype", KERNEL_X)
+def test_every_nibble_position_decodes_exactly(group, zeros, kernel, x_dtype):
+    """Codes 0-15 at every position of a word, zero points 0-15, unit scales, small integer x: the sums
+    are exact integers, rounded once to x's dtype, so any wrong nibble, shift, pair, group or offset shows
+    as a mismatch; 16-bit activations take the two-per-load path, both halves of every pair."""
     dev = triton_device()
     gen = torch.Generator().manual_seed(group)
-    n, k = 48, 4 * group
+    n, k = 48, 4 * max(group, 256)
     q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
     z = torch.randint(0, 16, (n, k // group), generator=gen, dtype=torch.int32)
     weight = QuantizedWeight(
@@ -61,14 +75,17 @@ def test_every_nibble_position_decodes_exactly(group, zeros, x_dtype):
     x = torch.randint(-3, 4, (1, k), generator=gen).float()
     w = q - (z.repeat_interleave(group, dim=1) if zeros else 8)
     expected = (x.long() @ w.long().T).float().to(x_dtype)
-    y = w4_row_gemv(x.to(dev, x_dtype), weight, None, gemv_workspace(dev))
-    assert y.dtype == x_dtype and torch.equal(y.cpu(), expected)
+    ws = gemv_workspace(dev)
+    for cfg in [None] + _configs(kernel, 48, k // 8, ws, group // 8)[1:]:
+        y = _gemv(kernel)(x.to(dev, x_dtype), weight, None, ws, cfg)
+        assert y.dtype == x_dtype and torch.equal(y.cpu(), expected), cfg
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("form", ["rtn", "gptq_sym_act_order"])
-def test_w4_row_gemv_matches_dequantized_matmul(n, k, form):
-    from qwick.kernels.row_gemv import w4_row_gemv, w4_row_supported
+@pytest.mark.parametrize("kernel", ["fp32", "f16x2"])
+def test_w4_row_gemv_matches_dequantized_matmul(n, k, form, kernel):
+    from qwick.kernels.row_gemv import w4_row_supported
 
     dev = triton_device()
     ws = gemv_workspace(dev)
@@ -83,11 +100,25 @@ def test_w4_row_gemv_matches_dequantized_matmul(n, k, form):
     assert w4_row_supported(qw)
     w_deq = dequantize(qw).double()  # [N, K] in the input channels' order
     b = torch.randn(n, device=dev, dtype=act)
-    for cfg in _configs(n, k // 8, ws):
-        for _ in range(2):
-            x = torch.randn(1, k, device=dev, dtype=act)
+    for cfg in _configs(kernel, n, k // 8, ws):
+        for _ in range(2):  # a second call reuses the self-reset split-K counters
+            x = torch.randn(1, k, device=dev, dtype=act) * 4
             ref = x.double() @ w_deq.T + b.double()
-            out = w4_row_gemv(x, qw, b, ws, cfg)
+            out = _gemv(kernel)(x, qw, b, ws, cfg)
             err = ((out.double() - ref).norm() / ref.norm()).item()
             assert err < 4e-3, (cfg, err)
     assert int(ws.counters.abs().sum()) == 0
+
+
+def test_f16x2_refusals():
+    from qwick.kernels.row_gemv import RowGemvConfig
+    from qwick.kernels.row_gemv_half2 import tile_words_for, w4_half2_gemv
+
+    dev = triton_device()
+    qw = rtn.quantize(torch.randn(64, 896), group_size=128).to(dev)  # 112 words per row
+    ws = gemv_workspace(dev)
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        w4_half2_gemv(torch.randn(1, 896, device=dev), qw, None, ws)
+    with pytest.raises(ValueError, match="do not fit"):
+        w4_half2_gemv(torch.randn(1, 896, device=dev).half(), qw, None, ws, RowGemvConfig(64, 32, 1))
+    assert tile_words_for(112) == 16 and tile_words_for(448) == 32 and tile_words_for(8 * 13) == 8
