@@ -58,8 +58,13 @@ def main() -> None:
         cands = [("fp32 row GEMV, default", None)]
         cands.append(("f16x2, default", default_half2_config(n, kw, ws.num_sms)))
         for bn, bw, split in itertools.product((32, 64, 128), (16, 32), (1, 2, 4, 8, 16)):
-            if kw % bw == 0 and kw // bw >= split and (split == 1 or n // bn < 4 * ws.num_sms):
+            # splits beyond about eight programs per SM only add reduction work
+            if kw % bw == 0 and kw // bw >= split and (n // bn) * split <= 8 * ws.num_sms:
                 cands.append((f"f16x2 {bn}x{bw} split {split}", RowGemvConfig(bn, bw, split)))
+        base = default_half2_config(n, kw, ws.num_sms)
+        for bn, warps in ((32, 2), (64, 2), (128, 8), (256, 8)):  # rows per thread against warps per SM
+            cfg = replace(base, block_n=bn, num_warps=warps)
+            cands.append((f"f16x2 {bn}x{cfg.block_k} split {cfg.split_k}, {warps} warps", cfg))
         rows = []
         for label, cfg in cands:
             fn = w4_row_gemv if label.startswith("fp32") else w4_half2_gemv
