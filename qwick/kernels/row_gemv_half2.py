@@ -9,9 +9,10 @@ exactly (small integers) and `fma.rn.f16x2` multiplies by the matching pair of a
 scaled by their group's scale in fp32.
 
 Tiles are 32 words (256 codes) of each of 64 rows, several groups wide: per-iteration costs (scale loads,
-loop control) halve against one-group tiles, and that is most of the gain. On the H200 the gate/up tile
-streams in 23.1 us against 38.6-40.5 for the fp32 kernel (`benchmarks/int4_stream_diag.py`, seventh session
-of 12-01 in BENCHMARKS.md).
+loop control) halve against one-group tiles, and that is most of the gain (the f16x2 decoding alone, at
+one-group tiles, measured no faster). On the H200 at the qwen2.5-7b shapes this kernel takes 57.2 us per
+layer against the fp32 kernel's 74.3 (gate/up 27.6 against 37.4), and batch-1 int4 decode runs 403-405
+tok/s against 338 (`benchmarks/int4_half2_sweep.py`; seventh session of 12-01 in BENCHMARKS.md).
 
 The activations are read as they are (bf16 or fp16) and turned into the pairs the `fma`s need in registers,
 once per quad of words per thread (`XPAIRS_*`: unpack, scale by 1/64, `cvt.rn.f16x2.f32`), so the GEMV
