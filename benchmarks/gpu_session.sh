@@ -12,7 +12,8 @@
 #   bash benchmarks/gpu_session.sh profile   # where time goes: 2048-token TTFT, batch-1 step, fp8 workload 3,
 #                                            # fp8 GEMM accumulation modes, fp8 GEMMs at 17 <= M <= 256
 #   bash benchmarks/gpu_session.sh decode8   # 8-bit / 4-bit decode: the W8A8 / int4 kernel tests, the wide
-#                                            # W8A8 sweep, the f16x2 int4 GEMV sweep, batch 1 per mode
+#                                            # W8A8 sweep, batch 1 per mode
+#   bash benchmarks/gpu_session.sh int4      # the int4 GEMV tests, the f16x2 launch-shape sweep, int4 batch 1
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
@@ -102,7 +103,6 @@ case "${1:-}" in
     python benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant_kernels.log" | tail -4
     MS=1 WIDE=1 SAMPLE=24 BUDGET_S=150 python benchmarks/w8a8_gemv_sweep.py "$OUT/w8a8_wide.json" 2>&1 \
       | grep -E "^(gate|down|qkv|o )"
-    python benchmarks/int4_half2_sweep.py "$OUT/int4_half2_sweep.json" 2>&1 | tail -14
     for q in fp8 int8 int4; do
       run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
     done
@@ -121,11 +121,17 @@ T.kv_layout = 'HND'; from qwick.entrypoints.cli import main; sys.exit(main(sys.a
     run ctx32k_hnd python -c "$HND" bench latency --num-iters 2 --shape qwen2.5-7b --max-model-len 32768 \
       --input-len 32000 --output-len 64 --output-json "$OUT/ctx32k_hnd.json"
     ;;
+  int4)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py 2>&1 | tail -2
+    python benchmarks/int4_half2_sweep.py "$OUT/int4_half2_sweep.json" 2>&1 | tee "$OUT/int4_half2_sweep.log" \
+      | grep -v skipped | tail -18
+    run int4 $LAT --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/lat_int4.json"
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4diag|kvlayout" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|int4diag|kvlayout" >&2
     exit 2
     ;;
 esac
