@@ -14,6 +14,8 @@
 #   bash benchmarks/gpu_session.sh decode8   # 8-bit / 4-bit decode: the W8A8 / int4 kernel tests, the wide
 #                                            # W8A8 sweep, batch 1 per mode
 #   bash benchmarks/gpu_session.sh int4      # the int4 GEMV tests, the f16x2 launch-shape sweep, int4 batch 1
+#   bash benchmarks/gpu_session.sh w8half2   # the f16x2 W8A8 GEMV: its tests, its sweep against the tensor-core
+#                                            # skinny GEMM, fp8 / int8 batch 1 with it and without
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
@@ -127,11 +129,23 @@ T.kv_layout = 'HND'; from qwick.entrypoints.cli import main; sys.exit(main(sys.a
       | grep -v skipped | tail -18
     run int4 $LAT --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/lat_int4.json"
     ;;
+  w8half2)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8_half2.py 2>&1 | tail -2
+    python benchmarks/w8_half2_sweep.py "$OUT/w8_half2_sweep.json" 2>&1 | tee "$OUT/w8_half2_sweep.log" \
+      | grep -v skipped | tail -44
+    ON="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.decode_half2 = True; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in fp8 int8; do
+      run "${q}_half2" python -c "$ON" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b $SHORT \
+        --quantization "$q" --output-json "$OUT/lat_${q}_half2.json"
+      run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|int4diag|kvlayout" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|w8half2|int4diag|kvlayout" >&2
     exit 2
     ;;
 esac

@@ -145,3 +145,44 @@ def test_fused_activation_codes_change_nothing(mode, grouped, tmp_path, monkeypa
     separate = run()
     for a, b in zip(fused, separate):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_half2_decode_gemv_matches_the_tensor_core_one(mode, grouped, tmp_path, monkeypatch):
+    """One request (batch-1 decode steps): the packed-fp16 CUDA-core GEMV (`decode_half2`) gives the
+    tensor-core skinny GEMM's logits within fp16 accumulation error, and the same greedy tokens.
+    `grouped`: the down projection takes group-scaled codes, as the 7b one does."""
+    from qwick.kernels import w8_half2
+    from qwick.quantization.w8a8 import W8A8LinearMethod
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    make_tiny_model("qwen2", str(tmp_path))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    calls = []
+    real = w8_half2.w8_half2_gemv
+
+    def counted(*args, **kwargs):
+        calls.append(args[2].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(w8_half2, "w8_half2_gemv", counted)
+    if grouped:
+        monkeypatch.setattr(W8A8LinearMethod, "decode_w8a8_max_k", 64)
+
+    def run(half2: bool):
+        monkeypatch.setattr(W8A8LinearMethod, "decode_half2", half2)
+        llm = LLM(
+            str(tmp_path), dtype="bfloat16", quantization=mode, num_gpu_blocks_override=64, max_model_len=128
+        )
+        recorder = LogitsRecorder(llm)
+        out = llm.generate([list(range(3, 43))], params, use_tqdm=False)[0]
+        return out.outputs[0].token_ids, torch.stack(recorder.by_request[out.request_id]).float()
+
+    tokens, logits = run(True)
+    assert calls, "decode steps did not reach the f16x2 GEMV"
+    ref_tokens, ref_logits = run(False)
+    assert tokens == ref_tokens
+    err = ((logits - ref_logits).norm() / ref_logits.norm()).item()
+    assert err < 2e-2, err
