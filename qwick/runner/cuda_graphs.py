@@ -80,12 +80,14 @@ class DecodeGraphRunner:
         self.buckets = decode_buckets(max_batch)
         self.max_bs = self.buckets[-1]
         self.width = (max_model_len + block_size - 1) // block_size  # block-table columns
-        size = self.max_bs * (4 + self.width)
+        size = self.max_bs * (5 + self.width)
         self.packed = torch.zeros(size, dtype=torch.int32, device=device)
         self.host = torch.zeros(size, dtype=torch.int32, pin_memory=True)
         self.host_np = self.host.numpy()
         self.query_start_loc = torch.arange(self.max_bs + 1, dtype=torch.int32, device=device)
-        self.decode_rows = torch.arange(self.max_bs, dtype=torch.int32, device=device)
+        # the decode kernel's row order, uploaded with each step's inputs (longest context first if the
+        # backend asks for it: `longest_first`)
+        self.longest_first = bool(getattr(backend, "longest_first", False))
         self.graphs: dict[int, _Graph] = {}
         self.pool = None
         self.num_replays = 0
@@ -108,6 +110,7 @@ class DecodeGraphRunner:
             "slots": p[2 * bs : 3 * bs],
             "seq_lens": p[3 * bs : 4 * bs],
             "block_tables": p[4 * bs : 4 * bs + bs * self.width].view(bs, self.width),
+            "rows": p[4 * bs + bs * self.width : 5 * bs + bs * self.width],
         }
 
     def _fill_host(self, bs: int, token_ids, positions, block_tables) -> None:
@@ -133,9 +136,13 @@ class DecodeGraphRunner:
         slots[n:bs] = -1
         h[3 * bs : 3 * bs + n] = pos + 1
         h[3 * bs + n : 4 * bs] = 1
+        rows = h[4 * bs + bs * self.width : 5 * bs + bs * self.width]
+        rows[:] = np.arange(bs)
+        if self.longest_first and n:
+            rows[:n] = np.argsort(-pos, kind="stable")  # padding rows (context 1) stay last
 
     def _upload(self, bs: int) -> None:
-        size = 4 * bs + bs * self.width
+        size = 5 * bs + bs * self.width
         self.packed[:size].copy_(self.host[:size], non_blocking=True)
         if self._uploaded is None:
             self._uploaded = torch.cuda.Event()
@@ -160,7 +167,7 @@ class DecodeGraphRunner:
         )
         md.plan["triton"] = _TritonPlan(
             num_decode=bs,
-            decode_rows=self.decode_rows[:bs],
+            decode_rows=v["rows"],
             decode_max_seq_len=self.max_model_len,
             extend_rows=[],
         )

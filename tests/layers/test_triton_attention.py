@@ -44,10 +44,12 @@ def _lowp(dtype: torch.dtype) -> torch.dtype:
     return torch.float16 if INTERPRET and dtype == torch.bfloat16 else dtype
 
 
-def _backend(block_size: int, device: torch.device, **kwargs):
+def _backend(block_size: int, device: torch.device, longest_first: bool = False, **kwargs):
     from qwick.layers.attention.triton_backend import TritonAttentionBackend
 
-    return TritonAttentionBackend(block_size, device, **kwargs)
+    backend = TritonAttentionBackend(block_size, device, **kwargs)
+    backend.longest_first = longest_first
+    return backend
 
 
 def _log(case: str, err: float, ref_err: float) -> None:
@@ -221,6 +223,21 @@ def test_decode_rows_at_large_batch(head_dim, group, num_kv_heads, dtype):
     specs = [(c + i, 1) for i in range(5) for c in DECODE_CONTEXTS]
     tri = run_case(specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
     assert tri._decode_cfg(head_dim, 2, False, len(specs)) != tri._decode_cfg(head_dim, 2, False, 1)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS[::4], ids=HEAD_IDS[::4])
+def test_decode_rows_longest_first(head_dim, group, num_kv_heads, dtype):
+    """Decode rows launched longest context first (`longest_first`), beside prefill rows: the same
+    outputs, and the plan lists the decode rows by context length, longest first."""
+    specs = [(30, 1), (0, 40), (700, 1), (130, 1), (33, 20), (0, 1), (64, 1), (2000, 1)]
+    tri = run_case(
+        specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype,
+        backend_kwargs={"longest_first": True},
+    )  # fmt: skip
+    rows, _ = _make_rows(specs, 16, random.Random(0))
+    order = tri._plan(tri.build_metadata(rows)).decode_rows.tolist()
+    assert order == [7, 2, 3, 6, 0, 5]
 
 
 @pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", head_params())

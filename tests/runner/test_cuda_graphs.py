@@ -57,8 +57,14 @@ def _run(path, dtype, enforce_eager, batches):
     return results, replays, has_graphs
 
 
+@pytest.mark.parametrize("longest_first", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graphs_match_eager(tiny_path, dtype):
+def test_graphs_match_eager(tiny_path, dtype, longest_first, monkeypatch):
+    """`longest_first`: decode rows launched longest context first, in the graphs' uploaded row order
+    as in eager steps."""
+    from qwick.layers.attention import triton_backend
+
+    monkeypatch.setattr(triton_backend, "LONGEST_FIRST", longest_first)
     batches = (3, 5, 1, 8)
     eager, eager_replays, eager_graphs = _run(tiny_path, dtype, True, batches)
     graph, replays, has_graphs = _run(tiny_path, dtype, False, batches)

@@ -56,6 +56,10 @@ LOG2E = 1.4426950408889634
 SPLIT_FILL = 2
 MIN_TOKENS_PER_SPLIT = 128
 MAX_NUM_SPLITS = 64
+# Decode rows launched longest context first, a row's kv heads side by side in the grid (`HEADS_FIRST`), so
+# that in a batch of mixed lengths the long programs start in the first wave and the short ones fill the
+# tail, and one wave's programs on an SM mix long and short. Off until the H200 has measured it (workload 3).
+LONGEST_FIRST = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
 # real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
@@ -164,9 +168,14 @@ def _decode_kernel(
     DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr,
     F16_DOT: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
-    i = tl.program_id(0)
-    kvh = tl.program_id(1)
+    if HEADS_FIRST:  # kv heads fastest in launch order: a row's heads start together
+        kvh = tl.program_id(0)
+        i = tl.program_id(1)
+    else:
+        i = tl.program_id(0)
+        kvh = tl.program_id(1)
     split = tl.program_id(2)
     row = tl.load(rows_ptr + i)
     seq_len = tl.load(seq_lens_ptr + row)
@@ -446,7 +455,8 @@ class TritonAttentionBackend(AttentionBackend):
     override the kernels' meta-parameters (None: the measured defaults in `_decode_cfg`/`_extend_cfg`);
     `split_fill`, `max_num_splits`, `min_tokens_per_split` shape the split-KV heuristic;
     `fixed_num_splits` pins the split count (a CUDA-graph runner sets it so the decode grid is the same
-    on every replay).
+    on every replay); `longest_first` orders decode rows by context length, longest first (the graph
+    runner orders its rows the same way when the backend asks for it).
 
     The kernels address the cache through its strides (page, slot in page, head), so they read either
     `kv_layout`; HND gives a decode program one contiguous run of `block_size` keys per page instead of
@@ -473,6 +483,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.max_num_splits = MAX_NUM_SPLITS
         self.decode_config: dict | None = None
         self.extend_config: dict | None = None
+        self.longest_first = LONGEST_FIRST
 
     # ---- tuning --------------------------------------------------------------------------------------
     def _decode_cfg(self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int) -> dict:
@@ -513,6 +524,8 @@ class TritonAttentionBackend(AttentionBackend):
         if plan is not None:
             return plan
         decode = [i for i, n in enumerate(md.query_lens_cpu) if n == 1]
+        if self.longest_first:
+            decode.sort(key=lambda i: -md.seq_lens_cpu[i])
         plan = _TritonPlan(
             num_decode=len(decode),
             decode_rows=self._to_dev(decode, md) if decode else None,
@@ -648,7 +661,8 @@ class TritonAttentionBackend(AttentionBackend):
         mid_o, mid_lse = bufs
         cfg = self._decode_cfg(head_dim, q.element_size(), is_fp8_kv(kv_cache.dtype), plan.num_decode)
         d_pad = _pow2(head_dim, 16)
-        _decode_kernel[(plan.num_decode, num_kv_heads, splits)](
+        grid = (num_kv_heads, plan.num_decode) if self.longest_first else (plan.num_decode, num_kv_heads)
+        _decode_kernel[(*grid, splits)](
             q,
             kv_cache[0],
             kv_cache[1],
@@ -684,6 +698,7 @@ class TritonAttentionBackend(AttentionBackend):
             DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
             KV_FP8=is_fp8_kv(kv_cache.dtype),
             F16_DOT=is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
+            HEADS_FIRST=self.longest_first,
             **cfg,
         )
         if splits > 1:
