@@ -30,13 +30,14 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, os.getcwd())
+from qwick.kernels.half2 import split4  # noqa: E402
 from qwick.kernels.row_gemv import (  # noqa: E402
     FLOAT_2_23_BITS,
     _x_of_words,
     decode_tile_dot,
     group_scale_and_zero,
 )
-from qwick.kernels.row_gemv_half2 import DOT4_ASM, X_DIV, _split4  # noqa: E402
+from qwick.kernels.row_gemv_half2 import DOT4_ASM, X_DIV  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import dequantize  # noqa: E402
 
@@ -61,12 +62,12 @@ def _half2_tile_dot(words, xp_ptr, j, z, ASM: tl.constexpr):
     r4 = tl.arange(0, 4)
     cols = j + tl.arange(0, C)[:, None] * 4 + r4[None, :]  # [C, 4]: words 4c .. 4c + 3
     xs = tl.load(xp_ptr + cols[:, :, None] * 4 + r4[None, None, :])  # [C, word, shift]
-    pa, pb, pc, pd = _split4(xs.reshape(C, 4, 2, 2))  # [C, word] per shift
-    xa0, xa1, xa2, xa3 = _split4(pa.reshape(C, 2, 2))
-    xb0, xb1, xb2, xb3 = _split4(pb.reshape(C, 2, 2))
-    xc0, xc1, xc2, xc3 = _split4(pc.reshape(C, 2, 2))
-    xd0, xd1, xd2, xd3 = _split4(pd.reshape(C, 2, 2))
-    w0, w1, w2, w3 = _split4(words.reshape(BLOCK_N, C, 2, 2))
+    pa, pb, pc, pd = split4(xs.reshape(C, 4, 2, 2))  # [C, word] per shift
+    xa0, xa1, xa2, xa3 = split4(pa.reshape(C, 2, 2))
+    xb0, xb1, xb2, xb3 = split4(pb.reshape(C, 2, 2))
+    xc0, xc1, xc2, xc3 = split4(pc.reshape(C, 2, 2))
+    xd0, xd1, xd2, xd3 = split4(pd.reshape(C, 2, 2))
+    w0, w1, w2, w3 = split4(words.reshape(BLOCK_N, C, 2, 2))
     zh = (z + 1024.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     return tl.inline_asm_elementwise(
         ASM,

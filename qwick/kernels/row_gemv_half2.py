@@ -25,13 +25,12 @@ Under Triton's interpreter, which runs no PTX, the kernel computes the same prod
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from qwick.kernels.gemv import GemvWorkspace
+from qwick.kernels.half2 import EMULATE, split4, sum_halves_asm
 from qwick.kernels.row_gemv import (
     RowGemvConfig,
     _check_workspace,
@@ -45,8 +44,6 @@ from qwick.quantization.formats.layout import QuantizedWeight
 
 X_DIV = 64.0
 _X_DIV = tl.constexpr(X_DIV)
-# The interpreter runs no PTX: there the kernel computes the same products in fp32.
-_EMULATE = os.environ.get("TRITON_INTERPRET") == "1"
 TILE_WORDS = 32  # 256 codes of a row per tile
 
 
@@ -63,13 +60,7 @@ def _dot4_asm() -> str:
             lines.append(f"lop3.b32 v, {src}, 0x000F000F, 0x64006400, 0xEA;")  # (a & b) | c
             lines.append("sub.f16x2 d, v, $21;")
             lines.append(f"fma.rn.f16x2 acc, d, ${5 + 4 * k + p}, acc;")
-    lines += [
-        "mov.b32 {lo, hi}, acc;",
-        "cvt.f32.f16 fa, lo;",
-        "cvt.f32.f16 fb, hi;",
-        "add.f32 $0, fa, fb;",
-        "}",
-    ]
+    lines += [*sum_halves_asm(), "}"]
     return "\n".join(lines)
 
 
@@ -105,19 +96,10 @@ XPAIRS_F16_ASM = _xpairs_f16_asm()
 
 
 @triton.jit
-def _split4(t):
-    """A [..., 2, 2] tensor -> its four [...] slices, in the order of the flattened last two indices."""
-    a, b = tl.split(t)  # last index 0 (flat 0, 2) / 1 (flat 1, 3)
-    a0, a1 = tl.split(a)
-    b0, b1 = tl.split(b)
-    return a0, b0, a1, b1
-
-
-@triton.jit
 def _words_pairs(d):
     """[C, 4] pairs of one shift (one per word of each quad) -> four [1, C] (word 0..3)."""
     C: tl.constexpr = d.shape[0]
-    w0, w1, w2, w3 = _split4(d.reshape(C, 2, 2))
+    w0, w1, w2, w3 = split4(d.reshape(C, 2, 2))
     return w0[None, :], w1[None, :], w2[None, :], w3[None, :]
 
 
@@ -135,7 +117,7 @@ def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.conste
     C: tl.constexpr = cols.shape[0]
     xw = x_ptr.to(tl.pointer_type(tl.int32)) + 4 * cols  # two activations per int32, four int32 per word
     xs = tl.load(xw[:, :, None] + tl.arange(0, 4)[None, None, :])  # [C, word, 4]
-    a0, a1, a2, a3 = _split4(xs.reshape(C, 4, 2, 2))  # [C, word]: x0x1, x2x3, x4x5, x6x7
+    a0, a1, a2, a3 = split4(xs.reshape(C, 4, 2, 2))  # [C, word]: x0x1, x2x3, x4x5, x6x7
     d0, d1, d2, d3 = tl.inline_asm_elementwise(
         XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
     )  # [C, word] per shift
@@ -144,7 +126,7 @@ def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.conste
     x02, x12, x22, x32 = _words_pairs(d2)
     x03, x13, x23, x33 = _words_pairs(d3)
     BLOCK_N: tl.constexpr = words.shape[0]
-    w0, w1, w2, w3 = _split4(words.reshape(BLOCK_N, C, 2, 2))
+    w0, w1, w2, w3 = split4(words.reshape(BLOCK_N, C, 2, 2))
     zh = _f16_bits(z + 1024.0)
     return tl.inline_asm_elementwise(
         DOT4,
@@ -163,8 +145,8 @@ def _tile_dot_emulated(words, x_ptr, cols, z):
     """What `_tile_dot_half2` computes, in fp32 Triton arithmetic (for the interpreter)."""
     C: tl.constexpr = cols.shape[0]
     BLOCK_N: tl.constexpr = words.shape[0]
-    ws = _split4(words.reshape(BLOCK_N, C, 2, 2))
-    wcols = _split4(cols.reshape(C, 2, 2))
+    ws = split4(words.reshape(BLOCK_N, C, 2, 2))
+    wcols = split4(cols.reshape(C, 2, 2))
     part = tl.zeros((BLOCK_N, C), tl.float32)
     for k in tl.static_range(4):
         for p in tl.static_range(8):
@@ -298,7 +280,7 @@ def w4_half2_gemv(
         BLOCK_W=cfg.block_k,
         XPAIRS=XPAIRS_BF16_ASM if x.dtype == torch.bfloat16 else XPAIRS_F16_ASM,
         DOT4=DOT4_ASM,
-        EMULATE=_EMULATE,
+        EMULATE=EMULATE,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

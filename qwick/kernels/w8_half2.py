@@ -23,16 +23,14 @@ Status: interpreter-tested; not yet run on the H200 (`W8A8LinearMethod.decode_ha
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from qwick.kernels.gemv import GemvWorkspace
+from qwick.kernels.half2 import EMULATE, split4, sum_halves_asm
 from qwick.kernels.row_gemv import RowGemvConfig, _check_workspace, _row_epilogue, row_split
 
-_EMULATE = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs no PTX
 TILE_WORDS = 32  # 128 codes of a row per tile
 X_SHIFT = 256.0  # activations enter the products times 1 / X_SHIFT
 _X_SHIFT = tl.constexpr(X_SHIFT)
@@ -69,13 +67,7 @@ def _dot4_asm(int8: bool) -> str:
         for pair in range(2):
             lines += _to_f16x2(f"w{k}", pair, "d", int8)
             lines.append(f"fma.rn.f16x2 acc, d, ${5 + 2 * k + pair}, acc;")
-    lines += [
-        "mov.b32 {lo, hi}, acc;",
-        "cvt.f32.f16 fa, lo;",
-        "cvt.f32.f16 fb, hi;",
-        "add.f32 $0, fa, fb;",
-        "}",
-    ]
+    lines += [*sum_halves_asm(), "}"]
     return "\n".join(lines)
 
 
@@ -94,15 +86,6 @@ XPAIRS_ASM = {False: _xpairs_asm(False), True: _xpairs_asm(True)}
 
 
 @triton.jit
-def _split4(t):
-    """A [..., 2, 2] tensor -> its four [...] slices, in the order of the flattened last two indices."""
-    a, b = tl.split(t)
-    a0, a1 = tl.split(a)
-    b0, b1 = tl.split(b)
-    return a0, b0, a1, b1
-
-
-@triton.jit
 def _code(words, i: tl.constexpr, INT8: tl.constexpr):
     """Code i (0-3) of each int32 word, as fp32."""
     byte = ((words >> (8 * i)) & 0xFF).to(tl.uint8)
@@ -116,8 +99,8 @@ def _tile_dot_emulated(words, x_ptr, cols, INT8: tl.constexpr):
     """What `_tile_dot_half2` computes, in fp32 Triton arithmetic (for the interpreter)."""
     C: tl.constexpr = cols.shape[0]
     BLOCK_N: tl.constexpr = words.shape[0]
-    ws = _split4(words.reshape(BLOCK_N, C, 2, 2))
-    wcols = _split4(cols.reshape(C, 2, 2))
+    ws = split4(words.reshape(BLOCK_N, C, 2, 2))
+    wcols = split4(cols.reshape(C, 2, 2))
     part = tl.zeros((BLOCK_N, C), tl.float32)
     for k in tl.static_range(4):
         xw = tl.load(x_ptr + wcols[k])
@@ -131,12 +114,12 @@ def _tile_dot_half2(words, x_ptr, cols, XPAIRS: tl.constexpr, DOT4: tl.constexpr
     """[BLOCK_N, C] sums of 16 products w * x / X_SHIFT, a quad of words of a row per element."""
     C: tl.constexpr = cols.shape[0]
     BLOCK_N: tl.constexpr = words.shape[0]
-    x0, x1, x2, x3 = _split4(tl.load(x_ptr + cols).reshape(C, 2, 2))  # [C]: word k of each quad
+    x0, x1, x2, x3 = split4(tl.load(x_ptr + cols).reshape(C, 2, 2))  # [C]: word k of each quad
     p00, p01 = tl.inline_asm_elementwise(XPAIRS, "=r,=r,r", [x0], dtype=(tl.int32,) * 2, is_pure=True, pack=1)
     p10, p11 = tl.inline_asm_elementwise(XPAIRS, "=r,=r,r", [x1], dtype=(tl.int32,) * 2, is_pure=True, pack=1)
     p20, p21 = tl.inline_asm_elementwise(XPAIRS, "=r,=r,r", [x2], dtype=(tl.int32,) * 2, is_pure=True, pack=1)
     p30, p31 = tl.inline_asm_elementwise(XPAIRS, "=r,=r,r", [x3], dtype=(tl.int32,) * 2, is_pure=True, pack=1)
-    w0, w1, w2, w3 = _split4(words.reshape(BLOCK_N, C, 2, 2))
+    w0, w1, w2, w3 = split4(words.reshape(BLOCK_N, C, 2, 2))
     return tl.inline_asm_elementwise(
         DOT4,
         "=r" + ",r" * 12,
@@ -283,7 +266,7 @@ def w8_half2_gemv(
         BLOCK_W=cfg.block_k,
         XPAIRS=XPAIRS_ASM[int8],
         DOT4=DOT4_ASM[int8],
-        EMULATE=_EMULATE,
+        EMULATE=EMULATE,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
