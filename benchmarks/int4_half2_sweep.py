@@ -59,7 +59,7 @@ def main() -> None:
         cands.append(("f16x2, default", default_half2_config(n, kw, ws.num_sms)))
         for bn, bw, split in itertools.product((32, 64, 128), (16, 32), (1, 2, 4, 8, 16)):
             # splits beyond about eight programs per SM only add reduction work
-            if kw % bw == 0 and kw // bw >= split and (n // bn) * split <= 8 * ws.num_sms:
+            if kw % bw == 0 and kw // bw >= split and (split == 1 or (n // bn) * split <= 8 * ws.num_sms):
                 cands.append((f"f16x2 {bn}x{bw} split {split}", RowGemvConfig(bn, bw, split)))
         base = default_half2_config(n, kw, ws.num_sms)
         for bn, warps in ((32, 2), (64, 2), (128, 8), (256, 8)):  # rows per thread against warps per SM
