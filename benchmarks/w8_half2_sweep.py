@@ -72,7 +72,7 @@ def sweep_shape(mode: str, qdtype: torch.dtype, name: str, n: int, k: int, ws: G
 
     cands = [("tensor-core gemv, default", tensor_core, None)]
     cands.append(("f16x2, default", half2, default_w8_half2_config(n, kw, ws.num_sms, gw)))
-    for bn, bw, split in itertools.product((32, 64, 128), (16, 32, 64), (1, 2, 4, 8, 16)):
+    for bn, bw, split in itertools.product((32, 64, 128), (32, 64), (1, 2, 4, 8, 16)):
         fits = kw % bw == 0 and kw // bw >= split and (not gw or gw % bw == 0)
         if fits and (split == 1 or (n // bn) * split <= 8 * ws.num_sms):
             cands.append((f"f16x2 {bn}x{bw} split {split}", half2, RowGemvConfig(bn, bw, split)))
