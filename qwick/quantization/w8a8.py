@@ -411,11 +411,12 @@ class W8A8LinearMethod(LinearMethod):
                 return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
             xq, xs = codes
             if x.shape[0] == 1 and self.decode_half2:
-                from qwick.kernels.w8_half2 import w8_half2_gemv
+                from qwick.kernels import w8_half2
 
-                return w8_half2_gemv(
-                    xq, xs, layer.weight, scale.view(-1), layer.bias, self.workspace, x.dtype, group
-                )
+                if w8_half2.w8_half2_supported(layer.weight, xq):
+                    return w8_half2.w8_half2_gemv(
+                        xq, xs, layer.weight, scale.view(-1), layer.bias, self.workspace, x.dtype, group
+                    )
             return gemv(
                 xq,
                 layer.weight,
