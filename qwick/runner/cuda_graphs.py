@@ -80,14 +80,15 @@ class DecodeGraphRunner:
         self.buckets = decode_buckets(max_batch)
         self.max_bs = self.buckets[-1]
         self.width = (max_model_len + block_size - 1) // block_size  # block-table columns
-        size = self.max_bs * (5 + self.width)
+        # With a backend that launches decode rows longest context first (`longest_first`), each step uploads
+        # that row order too; otherwise the rows keep their order (a fixed arange).
+        self.longest_first = bool(getattr(backend, "longest_first", False))
+        size = self._size(self.max_bs)
         self.packed = torch.zeros(size, dtype=torch.int32, device=device)
         self.host = torch.zeros(size, dtype=torch.int32, pin_memory=True)
         self.host_np = self.host.numpy()
         self.query_start_loc = torch.arange(self.max_bs + 1, dtype=torch.int32, device=device)
-        # the decode kernel's row order, uploaded with each step's inputs (longest context first if the
-        # backend asks for it: `longest_first`)
-        self.longest_first = bool(getattr(backend, "longest_first", False))
+        self.decode_rows = torch.arange(self.max_bs, dtype=torch.int32, device=device)
         self.graphs: dict[int, _Graph] = {}
         self.pool = None
         self.num_replays = 0
@@ -102,6 +103,11 @@ class DecodeGraphRunner:
                 return b
         return None
 
+    def _size(self, bs: int) -> int:
+        """int32 values of bucket `bs`'s inputs: ids, positions, slots, context lengths, block tables, and
+        with `longest_first` the rows' launch order."""
+        return bs * (4 + self.width + int(self.longest_first))
+
     def _views(self, bs: int) -> dict[str, torch.Tensor]:
         p = self.packed
         return {
@@ -110,7 +116,7 @@ class DecodeGraphRunner:
             "slots": p[2 * bs : 3 * bs],
             "seq_lens": p[3 * bs : 4 * bs],
             "block_tables": p[4 * bs : 4 * bs + bs * self.width].view(bs, self.width),
-            "rows": p[4 * bs + bs * self.width : 5 * bs + bs * self.width],
+            "rows": p[4 * bs + bs * self.width : self._size(bs)],  # empty without `longest_first`
         }
 
     def _fill_host(self, bs: int, token_ids, positions, block_tables) -> None:
@@ -136,13 +142,13 @@ class DecodeGraphRunner:
         slots[n:bs] = -1
         h[3 * bs : 3 * bs + n] = pos + 1
         h[3 * bs + n : 4 * bs] = 1
-        rows = h[4 * bs + bs * self.width : 5 * bs + bs * self.width]
-        rows[:] = np.arange(bs)
-        if self.longest_first and n:
-            rows[:n] = np.argsort(-pos, kind="stable")  # padding rows (context 1) stay last
+        if self.longest_first:
+            rows = h[4 * bs + bs * self.width : self._size(bs)]
+            rows[:n] = np.argsort(-pos, kind="stable")
+            rows[n:] = np.arange(n, bs)  # padding rows (context 1) last
 
     def _upload(self, bs: int) -> None:
-        size = 5 * bs + bs * self.width
+        size = self._size(bs)
         self.packed[:size].copy_(self.host[:size], non_blocking=True)
         if self._uploaded is None:
             self._uploaded = torch.cuda.Event()
@@ -167,7 +173,7 @@ class DecodeGraphRunner:
         )
         md.plan["triton"] = _TritonPlan(
             num_decode=bs,
-            decode_rows=v["rows"],
+            decode_rows=v["rows"] if self.longest_first else self.decode_rows[:bs],
             decode_max_seq_len=self.max_model_len,
             extend_rows=[],
         )
