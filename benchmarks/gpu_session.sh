@@ -126,7 +126,8 @@ T.kv_layout = 'HND'; from qwick.entrypoints.cli import main; sys.exit(main(sys.a
       --input-len 32000 --output-len 64 --output-json "$OUT/ctx32k_hnd.json"
     ;;
   int4)
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py 2>&1 | tail -2
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
+      tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
     python benchmarks/int4_half2_sweep.py "$OUT/int4_half2_sweep.json" 2>&1 | tee "$OUT/int4_half2_sweep.log" \
       | grep -v skipped | tail -18
     run int4 $LAT --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/lat_int4.json"

@@ -24,7 +24,8 @@ activations and the reference the f16x2 one is compared with.
 
 The same approach for 8-bit codes (Triton's own int8/fp8 conversion on the CUDA cores, or the bit tricks)
 measured no faster than the tensor-core `qwick.kernels.gemv` on 8-bit codes, which therefore stays their
-batch-1 path; the sweep keeps that variant for comparison.
+batch-1 path; the sweep keeps that variant for comparison. (`qwick.kernels.w8_half2` tries 8-bit codes
+in packed fp16, as `row_gemv_half2` does for int4; not yet measured.)
 
 Split-K and its reduction are `qwick.kernels.gemv`'s epilogue (with BLOCK_M = 1), so the kernel replays in
 CUDA graphs the same way.

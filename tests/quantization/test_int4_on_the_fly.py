@@ -234,3 +234,32 @@ def test_cli_flag():
     for name in ("int4", "gguf"):
         args = build_parser().parse_args(["generate", "some/model", "--quantization", name])
         assert engine_config_from_args(args).quantization == name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("half2", [True, False])
+def test_cuda_one_row_takes_the_f16x2_gemv(half2, monkeypatch):
+    """On CUDA, one bf16 row goes through the packed-fp16 GEMV (`decode_half2`, the default) or, switched
+    off, the fp32 row GEMV; 2-16 rows never take either. Both give the reference's function."""
+    from qwick.kernels import row_gemv, row_gemv_half2
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(0)
+    monkeypatch.setattr(RtnInt4LinearMethod, "decode_half2", half2)
+    method = Int4Config().linear_method("model.layers.0.mlp.down_proj", ["x"])
+    layer = Linear(1024, 192, bias=True, method=method).cuda()
+    layer.weight.data.copy_(torch.randn(192, 1024, device="cuda") * 0.05)
+    method.process_weights_after_loading(layer)
+    calls = []
+    for mod, name in ((row_gemv_half2, "w4_half2_gemv"), (row_gemv, "w4_row_gemv")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(
+            mod, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k)
+        )
+    for m in (1, 4, 1):
+        x = torch.randn(m, 1024, device="cuda").bfloat16()
+        ref = method.apply_reference(layer, x)
+        y = layer(x)
+        assert y.shape == (m, 192) and ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+    assert calls == ["w4_half2_gemv" if half2 else "w4_row_gemv"] * 2
