@@ -47,7 +47,9 @@ def _to_f16x2(word: str, pair: int, out: str, int8: bool) -> list[str]:
 
 def _prelude(words: list[str], int8: bool) -> list[str]:
     """Declarations, and per input word its flipped sign bits (int8) or its two 16-bit halves (fp8)."""
-    lines = [".reg .b32 t, magic, bias;", "mov.b32 magic, 0x64646464;", "mov.b32 bias, 0x64806480;"]
+    lines = [".reg .b32 t;"]
+    if int8:
+        lines += [".reg .b32 magic, bias;", "mov.b32 magic, 0x64646464;", "mov.b32 bias, 0x64806480;"]
     for w in words:
         if int8:
             lines.append(f"xor.b32 {w}, {w}, 0x80808080;")
