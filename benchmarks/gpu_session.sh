@@ -14,10 +14,9 @@
 #   bash benchmarks/gpu_session.sh decode8   # 8-bit / 4-bit decode: the W8A8 / int4 kernel tests, the wide
 #                                            # W8A8 sweep, batch 1 per mode
 #   bash benchmarks/gpu_session.sh int4      # the int4 GEMV tests, the f16x2 launch-shape sweep, int4 batch 1
-#   bash benchmarks/gpu_session.sh w8half2   # the f16x2 W8A8 GEMV: its tests, its sweep against the tensor-core
-#                                            # skinny GEMM, fp8 / int8 batch 1 with it and without
-#   bash benchmarks/gpu_session.sh order     # decode rows longest context first (`LONGEST_FIRST`): the graph and
-#                                            # decode tests, workload 3 in bf16 and fp8 with it and without
+#   bash benchmarks/gpu_session.sh order     # decode rows longest context first (`LONGEST_FIRST`, the default):
+#                                            # the graph and decode tests, workload 3 in bf16 and fp8 with it and
+#                                            # without
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
@@ -132,36 +131,23 @@ T.kv_layout = 'HND'; from qwick.entrypoints.cli import main; sys.exit(main(sys.a
       | grep -v skipped | tail -18
     run int4 $LAT --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/lat_int4.json"
     ;;
-  w8half2)  # the decisive figures first; the sweep last, cut off after 5 minutes
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8_half2.py \
-      tests/quantization/test_w8a8_gpu.py -k "half2 or codes_product or exactly" 2>&1 | tail -2
-    ON="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.decode_half2 = True; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    for q in fp8 int8; do
-      run "${q}_half2" python -c "$ON" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b $SHORT \
-        --quantization "$q" --output-json "$OUT/lat_${q}_half2.json"
-      run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
-    done
-    timeout 300 python benchmarks/w8_half2_sweep.py "$OUT/w8_half2_sweep.json" 2>&1 \
-      | tee "$OUT/w8_half2_sweep.log" | grep -v skipped | tail -44
-    ;;
   order)
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py tests/layers/test_triton_attention.py \
       -k "graphs or decode" 2>&1 | tail -2
-    FIRST="import sys; import qwick.layers.attention.triton_backend as t; t.LONGEST_FIRST = True; \
+    ROWS="import sys; import qwick.layers.attention.triton_backend as t; t.LONGEST_FIRST = False; \
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    run tput_bf16_longest_first python -c "$FIRST" ${TPUT#python -m qwick.entrypoints.cli } \
-      --output-json "$OUT/tput_longest_first.json"
     run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
-    run tput_fp8_longest_first python -c "$FIRST" ${TPUT#python -m qwick.entrypoints.cli } --quantization fp8 \
-      --output-json "$OUT/tput_fp8_longest_first.json"
+    run tput_bf16_row_order python -c "$ROWS" ${TPUT#python -m qwick.entrypoints.cli } \
+      --output-json "$OUT/tput_bf16_row_order.json"
     run tput_fp8 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
+    run tput_fp8_row_order python -c "$ROWS" ${TPUT#python -m qwick.entrypoints.cli } --quantization fp8 \
+      --output-json "$OUT/tput_fp8_row_order.json"
     ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|w8half2|order|int4diag|kvlayout" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|int4diag|kvlayout" >&2
     exit 2
     ;;
 esac

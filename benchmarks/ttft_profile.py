@@ -1,5 +1,6 @@
 """Where a 2048-token prompt's time to first token goes at a real shape: wall time per prefill (a length
-seen before, and new lengths), a kernel table of one prefill and its trace ($OUT/ttft_trace.json).
+seen before, and new lengths), a kernel table of one prefill and its trace ($OUT/ttft_trace.json);
+CPROFILE=1 adds a cProfile of the host over 10 prefills.
 
     python benchmarks/ttft_profile.py [shape] [prompt_len]
 """
@@ -49,6 +50,53 @@ print(f"TTFT median {statistics.median(ts) * 1e3:.2f} ms, min {min(ts) * 1e3:.2f
 # A server rarely sees a prompt length twice: a kernel that compiles or plans per shape shows up here.
 ts = [first_token_s(n - 1 - i) for i in range(min(n - 1, 10))]
 print(f"TTFT at 10 new lengths, median {statistics.median(ts) * 1e3:.2f} ms", flush=True)
+# The host's share without a profiler: how long a step takes to reach the model's forward, and to return
+# from it (every layer launched); the GPU runs the forward in ~42 ms at 7b shapes.
+model = eng.core.runner.model
+forward = model.forward
+stamps: dict[str, float] = {}
+
+
+def stamped_forward(*args, **kwargs):
+    stamps["enter"] = time.perf_counter()
+    out = forward(*args, **kwargs)
+    stamps["return"] = time.perf_counter()
+    return out
+
+
+model.forward = stamped_forward
+pre, launched = [], []
+for _ in range(10):
+    eng.add_request(
+        torch.randint(100, 150000, (n,), generator=g).tolist(),
+        SamplingParams(max_tokens=1, temperature=0, ignore_eos=True),
+    )
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    eng.step()
+    pre.append(stamps["enter"] - t)
+    launched.append(stamps["return"] - t)
+    while eng.has_unfinished_requests():
+        eng.step()
+model.forward = forward
+print(
+    f"host: step start to forward {statistics.median(pre) * 1e3:.2f} ms, "
+    f"to every layer launched {statistics.median(launched) * 1e3:.2f} ms (medians of 10)",
+    flush=True,
+)
+if os.environ.get("CPROFILE"):  # the host's share: cProfile of 10 prefills, by cumulative time
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(10):
+        first_token_s()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(70)
+    print(buf.getvalue(), flush=True)
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     first_token_s()
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))

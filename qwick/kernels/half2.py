@@ -1,7 +1,7 @@
-"""Pieces shared by the batch-1 GEMVs that compute in packed fp16 (f16x2) on the CUDA cores:
-`qwick.kernels.row_gemv_half2` (int4 weights) and `qwick.kernels.w8_half2` (fp8 / int8 weights and
-activation codes). Their products are PTX (`tl.inline_asm_elementwise`), which Triton's interpreter cannot
-run: under TRITON_INTERPRET=1 the kernels compute the same products in fp32 instead (`EMULATE`)."""
+"""Pieces shared by the code that computes in packed fp16 (f16x2) on the CUDA cores: the batch-1 int4
+GEMV `qwick.kernels.row_gemv_half2` and its stage-by-stage diagnosis (`benchmarks/int4_stream_diag.py`).
+Their products are PTX (`tl.inline_asm_elementwise`), which Triton's interpreter cannot run: under
+TRITON_INTERPRET=1 the kernels compute the same products in fp32 instead (`EMULATE`)."""
 
 from __future__ import annotations
 

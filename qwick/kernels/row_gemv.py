@@ -24,8 +24,10 @@ activations and the reference the f16x2 one is compared with.
 
 The same approach for 8-bit codes (Triton's own int8/fp8 conversion on the CUDA cores, or the bit tricks)
 measured no faster than the tensor-core `qwick.kernels.gemv` on 8-bit codes, which therefore stays their
-batch-1 path; the sweep keeps that variant for comparison. (`qwick.kernels.w8_half2` tries 8-bit codes
-in packed fp16, as `row_gemv_half2` does for int4; not yet measured.)
+batch-1 path; the sweep keeps that variant for comparison. A packed-fp16 GEMV for 8-bit codes (as
+`row_gemv_half2` does for int4: fp8 by `cvt.rn.f16x2.e4m3x2`, int8 by `prmt` into 1024 + q) was measured
+too and removed: 71.6 against 70.5 us per 7b layer at its best launch shapes (BENCHMARKS.md, eighth
+session of 12-01; the code is in commit `e944eb0`).
 
 Split-K and its reduction are `qwick.kernels.gemv`'s epilogue (with BLOCK_M = 1), so the kernel replays in
 CUDA graphs the same way.

@@ -163,9 +163,6 @@ class W8A8LinearMethod(LinearMethod):
     # 28 adds of 105 us each in an 8,192-token fp8 prefill step on the H200). Turned off for this method
     # the first time the installed torch refuses it (`_scaled_mm_bf16`).
     scaled_mm_bias = True
-    # One decode row that comes with its codes: the CUDA-core GEMV in packed fp16 (`qwick.kernels.w8_half2`)
-    # instead of the tensor-core skinny GEMM. Off until the H200 has measured it.
-    decode_half2 = False
     workspace = None
 
     def __init__(
@@ -410,13 +407,6 @@ class W8A8LinearMethod(LinearMethod):
             if codes is None:
                 return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
             xq, xs = codes
-            if x.shape[0] == 1 and self.decode_half2:
-                from qwick.kernels import w8_half2
-
-                if w8_half2.w8_half2_supported(layer.weight, xq):
-                    return w8_half2.w8_half2_gemv(
-                        xq, xs, layer.weight, scale.view(-1), layer.bias, self.workspace, x.dtype, group
-                    )
             return gemv(
                 xq,
                 layer.weight,

@@ -44,11 +44,13 @@ def _lowp(dtype: torch.dtype) -> torch.dtype:
     return torch.float16 if INTERPRET and dtype == torch.bfloat16 else dtype
 
 
-def _backend(block_size: int, device: torch.device, longest_first: bool = False, **kwargs):
+def _backend(block_size: int, device: torch.device, longest_first: bool | None = None, **kwargs):
+    """A Triton backend; `longest_first` None keeps the default decode row order."""
     from qwick.layers.attention.triton_backend import TritonAttentionBackend
 
     backend = TritonAttentionBackend(block_size, device, **kwargs)
-    backend.longest_first = longest_first
+    if longest_first is not None:
+        backend.longest_first = longest_first
     return backend
 
 
@@ -226,18 +228,26 @@ def test_decode_rows_at_large_batch(head_dim, group, num_kv_heads, dtype):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("longest_first", [True, False])
 @pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS[::4], ids=HEAD_IDS[::4])
-def test_decode_rows_longest_first(head_dim, group, num_kv_heads, dtype):
-    """Decode rows launched longest context first (`longest_first`), beside prefill rows: the same
-    outputs, and the plan lists the decode rows by context length, longest first."""
+def test_decode_row_order(head_dim, group, num_kv_heads, dtype, longest_first):
+    """Decode rows beside prefill rows, launched longest context first (`longest_first`, the default) or
+    in row order: the same outputs, and the plan lists the decode rows in that order."""
     specs = [(30, 1), (0, 40), (700, 1), (130, 1), (33, 20), (0, 1), (64, 1), (2000, 1)]
     tri = run_case(
         specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype,
-        backend_kwargs={"longest_first": True},
+        backend_kwargs={"longest_first": longest_first},
     )  # fmt: skip
     rows, _ = _make_rows(specs, 16, random.Random(0))
     order = tri._plan(tri.build_metadata(rows)).decode_rows.tolist()
-    assert order == [7, 2, 3, 6, 0, 5]
+    assert order == ([7, 2, 3, 6, 0, 5] if longest_first else [0, 2, 3, 5, 6, 7])
+
+
+@pytest.mark.interpret
+def test_longest_first_is_the_default():
+    from qwick.layers.attention.triton_backend import TritonAttentionBackend
+
+    assert TritonAttentionBackend(16, "cpu").longest_first
 
 
 @pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", head_params())

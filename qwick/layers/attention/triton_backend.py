@@ -58,8 +58,10 @@ MIN_TOKENS_PER_SPLIT = 128
 MAX_NUM_SPLITS = 64
 # Decode rows launched longest context first, a row's kv heads side by side in the grid (`HEADS_FIRST`), so
 # that in a batch of mixed lengths the long programs start in the first wave and the short ones fill the
-# tail, and one wave's programs on an SM mix long and short. Off until the H200 has measured it (workload 3).
-LONGEST_FIRST = False
+# tail, and one wave's programs on an SM mix long and short. Measured on the H200 (eighth session of 12-01
+# in BENCHMARKS.md): workload 3 bf16 13,623 out tok/s against 13,336 in the old order, fp8 16,845 against
+# 15,927.
+LONGEST_FIRST = True
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
 # real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
