@@ -160,6 +160,28 @@ def _norm_warps(block: int, few_rows_with_codes: bool) -> int:
 
 
 @triton.jit
+def rope_tables(cos_ptr, sin_ptr, pos, d, HEAD_DIM: tl.constexpr, dtype: tl.constexpr):
+    """cos / sin of position `pos` at columns `d` of the fp32 tables [max_len, head_dim], rounded to the
+    model dtype as PyTorch's path casts them before multiplying."""
+    c = tl.load(cos_ptr + pos * HEAD_DIM + d).to(dtype).to(tl.float32)
+    s = tl.load(sin_ptr + pos * HEAD_DIM + d).to(dtype).to(tl.float32)
+    return c, s
+
+
+@triton.jit
+def rotate_halves(p1, half, mask, c, s, dtype: tl.constexpr):
+    """The NeoX rotation of the heads at `p1` (first halves; second halves at `p1 + half`), in `dtype`:
+    out1 = x1*cos + (-x2)*sin, out2 = x2*cos + x1*sin, each product rounded as in PyTorch."""
+    x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(p1 + half, mask=mask, other=0.0).to(tl.float32)
+    a1 = (x1 * c).to(dtype).to(tl.float32)
+    b1 = (-x2 * s).to(dtype).to(tl.float32)
+    a2 = (x2 * c).to(dtype).to(tl.float32)
+    b2 = (x1 * s).to(dtype).to(tl.float32)
+    return (a1 + b1).to(dtype), (a2 + b2).to(dtype)
+
+
+@triton.jit
 def _rope_kernel(
     q_ptr,
     k_ptr,
@@ -179,9 +201,7 @@ def _rope_kernel(
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, half)
     dtype = q_ptr.dtype.element_ty
-    # The tables are fp32; PyTorch's path casts them to the model dtype before multiplying.
-    c = tl.load(cos_ptr + pos * HEAD_DIM + d).to(dtype).to(tl.float32)
-    s = tl.load(sin_ptr + pos * HEAD_DIM + d).to(dtype).to(tl.float32)
+    c, s = rope_tables(cos_ptr, sin_ptr, pos, d, HEAD_DIM, dtype)
     h = tl.arange(0, H_PAD)[:, None]
     for which in tl.static_range(2):
         if which == 0:
@@ -192,15 +212,9 @@ def _rope_kernel(
             heads = NUM_KV_HEADS
         mask = h < heads
         p1 = base + h * HEAD_DIM + d[None, :]
-        x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(p1 + half, mask=mask, other=0.0).to(tl.float32)
-        # out1 = x1*cos + (-x2)*sin, out2 = x2*cos + x1*sin, each product rounded as in PyTorch.
-        a1 = (x1 * c).to(dtype).to(tl.float32)
-        b1 = (-x2 * s).to(dtype).to(tl.float32)
-        a2 = (x2 * c).to(dtype).to(tl.float32)
-        b2 = (x1 * s).to(dtype).to(tl.float32)
-        tl.store(p1, (a1 + b1).to(dtype), mask=mask)
-        tl.store(p1 + half, (a2 + b2).to(dtype), mask=mask)
+        o1, o2 = rotate_halves(p1, half, mask, c, s, dtype)
+        tl.store(p1, o1, mask=mask)
+        tl.store(p1 + half, o2, mask=mask)
 
 
 def rotary_in_place(

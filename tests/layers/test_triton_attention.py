@@ -390,6 +390,64 @@ def test_negative_slots_are_skipped():
     assert torch.count_nonzero(cache) == 2 * 5 * hkv * d
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("kv_fp8", [False, True])
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,dtype",
+    [(28, 4, 128, torch.bfloat16), (10, 2, 64, torch.float16), (4, 4, 64, torch.float32)],
+)
+def test_rope_fused_with_the_kv_write(heads, kv_heads, head_dim, dtype, kv_layout, kv_fp8):
+    """`write_kv_rope` gives what `rotary_in_place` then `write_kv` give: q rotated in place, the same cache
+    bytes, padding slots (< 0) unwritten; the k input is left unrotated. The model's q / k / v are views of
+    the packed QKV output, as here."""
+    from qwick.kernels.elementwise import rotary_in_place
+    from qwick.layers.rotary import RopeStep
+
+    device = triton_device()
+    dtype = _lowp(dtype)
+    block_size, num_blocks, max_len = 16, 6, 4096
+    positions = torch.tensor([0, 1, 17, 511, 4000, 95], device=device)
+    slots = torch.tensor([16, 17, 33, -1, 60, 95], device=device)
+    tokens = len(positions)
+    inv = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    emb = torch.arange(max_len, dtype=torch.float)[:, None] * inv[None, :]
+    emb = torch.cat((emb, emb), dim=-1)
+    rope = RopeStep(positions, emb.cos().to(device), emb.sin().to(device))
+    k_scale, v_scale = (0.5, 2.0) if kv_fp8 else (1.0, 1.0)
+    cache_dtype = FP8_KV_DTYPE if kv_fp8 else dtype
+    empty = torch.zeros(2, num_blocks, block_size, kv_heads, head_dim, device=device, dtype=cache_dtype)
+    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+
+    def views(qkv):
+        q, k, v = qkv.split(sizes, dim=-1)
+        return (x.view(tokens, -1, head_dim) for x in (q, k, v))
+
+    qkv = torch.randn(tokens, sum(sizes), device=device).to(dtype)
+    qkv_ref = qkv.clone()
+    tri = _backend(block_size, device)
+    q, k, v = views(qkv)
+    assert tri.fuses_rope(q, k, v, rope)
+    cache = to_kv_layout(empty, kv_layout)
+    tri.write_kv_rope(q, k, v, cache, slots, rope, k_scale, v_scale)
+
+    q_ref, k_ref, v_ref = views(qkv_ref)
+    rotary_in_place(q_ref, k_ref, positions, rope.cos_cache, rope.sin_cache)
+    cache_ref = to_kv_layout(empty, kv_layout)
+    tri.write_kv(k_ref, v_ref, cache_ref, slots, k_scale, v_scale)
+
+    assert torch.equal(q, q_ref)
+    assert not torch.equal(k, k_ref) and torch.equal(v, v_ref)  # k as it came: rotated only in the cache
+    cache, cache_ref = cache.contiguous().view(torch.uint8), cache_ref.contiguous().view(torch.uint8)
+    assert torch.equal(cache, cache_ref)
+    written = cache.view(2, num_blocks * block_size, -1).any(-1).any(0).nonzero().flatten().tolist()
+    assert written == sorted(s for s in slots.tolist() if s >= 0)
+    # The PyTorch path's tables (gathered on the host) are not the kernel's: not fused; nor when off.
+    assert not tri.fuses_rope(q, k, v, RopeStep(positions, rope.cos_cache, rope.sin_cache, q, q))
+    tri.fuse_rope = False
+    assert not tri.fuses_rope(q, k, v, rope)
+
+
 def test_decode_step_replays_in_a_cuda_graph():
     """The decode path has no host sync and a static grid (fixed splits): capture once, then replay with
     new inputs and metadata copied into the captured tensors, as a CUDA-graph runner does."""

@@ -22,11 +22,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from qwick.device_upload import to_device
+
+if TYPE_CHECKING:
+    from qwick.layers.rotary import RopeStep
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_E4M3_MAX = 448.0  # the largest finite e4m3fn value; larger magnitudes are clamped to it
@@ -177,7 +181,10 @@ class AttentionBackend(ABC):
         sliding_window: int | None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        rope: RopeStep | None = None,
     ) -> torch.Tensor:
         """Write k/v into the cache, then return attention output `[num_tokens, num_heads, head_dim]`.
 
-        `k_scale` / `v_scale`: the layer's fp8 KV-cache scales; used only when `kv_cache` is fp8."""
+        `k_scale` / `v_scale`: the layer's fp8 KV-cache scales; used only when `kv_cache` is fp8.
+        `rope`: the step's rotary embedding, applied to q and k first (`rope.apply`), which a backend may
+        fuse with its KV write; q may then be rotated in place."""

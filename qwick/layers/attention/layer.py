@@ -7,6 +7,7 @@ from torch import nn
 
 from qwick.forward_context import get_forward_context
 from qwick.layers.attention.backend import AttentionBackend
+from qwick.layers.rotary import RopeStep
 
 
 class Attention(nn.Module):
@@ -32,8 +33,13 @@ class Attention(nn.Module):
         self.k_scale = 1.0
         self.v_scale = 1.0
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q/k/v: [tokens, heads * head_dim] (k, v with kv heads) -> [tokens, heads * head_dim]."""
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeStep | None = None
+    ) -> torch.Tensor:
+        """q/k/v: [tokens, heads * head_dim] (k, v with kv heads) -> [tokens, heads * head_dim].
+
+        `rope`: the step's rotary embedding, applied to q and k first (by the backend, which may fuse it
+        with the KV write)."""
         if self.kv_cache is None or self.backend is None:
             raise RuntimeError("attention layer has no KV cache bound; run the model through ModelRunner")
         tokens = q.shape[0]
@@ -47,5 +53,6 @@ class Attention(nn.Module):
             sliding_window=self.sliding_window,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
+            rope=rope,
         )
         return out.view(tokens, self.num_heads * self.head_dim)

@@ -9,6 +9,7 @@ per step (`_plan`) and shared by all layers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,9 @@ from qwick.layers.attention.backend import (
     kv_layout_of,
     quantize_kv,
 )
+
+if TYPE_CHECKING:
+    from qwick.layers.rotary import RopeStep
 
 
 def _context_mask(
@@ -102,7 +106,10 @@ class TorchAttentionBackend(AttentionBackend):
         sliding_window: int | None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        rope: RopeStep | None = None,
     ) -> torch.Tensor:
+        if rope is not None:
+            q, k = rope.apply(q, k)
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         if (layout := kv_layout_of(kv_cache)) != self.kv_layout:
             raise ValueError(f"the torch backend reads an {self.kv_layout} KV cache, got {layout}")

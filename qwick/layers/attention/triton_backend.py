@@ -4,7 +4,9 @@ Three kernels per layer, all launched without a host sync (grid sizes come from 
 which is built once on the host from the scheduler's lists and shared by every layer):
 
 - `_kv_write_kernel`: one program per new token scatters its k/v (all kv heads) into the cache slot
-  `slot_mapping[t]`; slots < 0 are skipped (padding rows of a CUDA-graph batch).
+  `slot_mapping[t]`; slots < 0 are skipped (padding rows of a CUDA-graph batch). Given the step's rotary
+  tables (`rope`), `_rope_kv_write_kernel` does the same with the k heads rotated on the way, and rotates
+  the q heads in place: one launch per layer fewer than RoPE and the write apart.
 - decode (rows with one query token): flash-decoding. The grid is (row, kv head, split): each program
   loads the query vectors of the whole GQA group (`G_PAD` >= 16 rows, padded, so `tl.dot` runs on tensor
   cores) and reads each KV page of its context partition once for all of them, with an online softmax.
@@ -36,12 +38,14 @@ Both scales are plain float arguments (never specialized); 16/32-bit caches comp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
 from qwick.device_upload import to_device
+from qwick.kernels.elementwise import rope_tables, rotate_halves
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
@@ -62,10 +66,17 @@ MAX_NUM_SPLITS = 64
 # in BENCHMARKS.md): workload 3 bf16 13,623 out tok/s against 13,336 in the old order, fp8 16,845 against
 # 15,927.
 LONGEST_FIRST = True
+# RoPE applied by the KV-write kernel (`_rope_kv_write_kernel`) when a step's rotary tables are on the
+# device: one launch per layer fewer. Written after the eighth session's device time; interpreter-tested
+# and compiled for sm_90, not yet timed on the H200.
+FUSE_ROPE = True
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
 # real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
 _NEG = tl.constexpr(-1.0e30)
+
+if TYPE_CHECKING:
+    from qwick.layers.rotary import RopeStep
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -79,6 +90,15 @@ def _tile_mask(row_ok, d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
         return row_ok[:, None]
     else:
         return row_ok[:, None] & (d < HEAD_DIM)[None, :]
+
+
+@triton.jit
+def _to_cache(x, inv_scale, cache_ptr, KV_FP8: tl.constexpr):
+    """Values as the cache stores them: into fp8 as x / scale in fp32, saturated to e4m3's largest finite
+    value and rounded to nearest even; otherwise a plain cast."""
+    if KV_FP8:
+        x = tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -448.0), 448.0)
+    return x.to(cache_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -113,12 +133,70 @@ def _kv_write_kernel(
     mask = _tile_mask((hv < NUM_KV_HEADS) & (hv * 0 + slot >= 0), d, HEAD_DIM, D_PAD)
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d[None, :], mask=mask)
-    if KV_FP8:  # scale in fp32, saturate to e4m3's largest finite value, round to nearest even
-        k = tl.minimum(tl.maximum(k.to(tl.float32) * k_inv_scale, -448.0), 448.0)
-        v = tl.minimum(tl.maximum(v.to(tl.float32) * v_inv_scale, -448.0), 448.0)
     dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d[None, :]
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(k_cache_ptr + dst, _to_cache(k, k_inv_scale, k_cache_ptr, KV_FP8), mask=mask)
+    tl.store(v_cache_ptr + dst, _to_cache(v, v_inv_scale, v_cache_ptr, KV_FP8), mask=mask)
+
+
+@triton.jit
+def _rope_kv_write_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    pos_ptr,
+    slot_ptr,
+    cos_ptr,
+    sin_ptr,
+    k_inv_scale,
+    v_inv_scale,
+    stride_qt,
+    stride_kt,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QH_PAD: tl.constexpr,
+    KVH_PAD: tl.constexpr,
+    KV_FP8: tl.constexpr,
+):
+    """One program per token: its q heads rotated in place, its k heads rotated into the cache slot and its
+    v heads copied there (slot < 0: no write), the values `rotary_in_place` then `_kv_write_kernel` give.
+    q and k heads are contiguous rows of HEAD_DIM (a power of two); the k input is left unrotated."""
+    t = tl.program_id(0).to(tl.int64)
+    half: tl.constexpr = HEAD_DIM // 2
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    d = tl.arange(0, half)
+    dtype = q_ptr.dtype.element_ty
+    c, s = rope_tables(cos_ptr, sin_ptr, pos, d, HEAD_DIM, dtype)
+
+    hq = tl.arange(0, QH_PAD)[:, None]
+    q_mask = hq < NUM_Q_HEADS
+    q1 = q_ptr + t * stride_qt + hq * HEAD_DIM + d[None, :]
+    o1, o2 = rotate_halves(q1, half, q_mask, c, s, dtype)
+    tl.store(q1, o1, mask=q_mask)
+    tl.store(q1 + half, o2, mask=q_mask)
+
+    hv = tl.arange(0, KVH_PAD)
+    h = hv[:, None]
+    # `hv * 0 + slot`: a block, not a scalar, in the AND (the Triton interpreter rejects the mixed mask)
+    kv_mask = ((hv < NUM_KV_HEADS) & (hv * 0 + slot >= 0))[:, None]
+    k1, k2 = rotate_halves(k_ptr + t * stride_kt + h * HEAD_DIM + d[None, :], half, kv_mask, c, s, dtype)
+    v1_ptr = v_ptr + t * stride_vt + h * stride_vh + d[None, :]
+    v1 = tl.load(v1_ptr, mask=kv_mask)
+    v2 = tl.load(v1_ptr + half, mask=kv_mask)
+    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d[None, :]
+    tl.store(k_cache_ptr + dst, _to_cache(k1, k_inv_scale, k_cache_ptr, KV_FP8), mask=kv_mask)
+    tl.store(k_cache_ptr + dst + half, _to_cache(k2, k_inv_scale, k_cache_ptr, KV_FP8), mask=kv_mask)
+    tl.store(v_cache_ptr + dst, _to_cache(v1, v_inv_scale, v_cache_ptr, KV_FP8), mask=kv_mask)
+    tl.store(v_cache_ptr + dst + half, _to_cache(v2, v_inv_scale, v_cache_ptr, KV_FP8), mask=kv_mask)
 
 
 # Values that change from step to step (the block-table width, split counts) are not specialized on: a new
@@ -458,7 +536,8 @@ class TritonAttentionBackend(AttentionBackend):
     `split_fill`, `max_num_splits`, `min_tokens_per_split` shape the split-KV heuristic;
     `fixed_num_splits` pins the split count (a CUDA-graph runner sets it so the decode grid is the same
     on every replay); `longest_first` orders decode rows by context length, longest first (the graph
-    runner orders its rows the same way when the backend asks for it).
+    runner orders its rows the same way when the backend asks for it); `fuse_rope` lets the KV write
+    apply RoPE (`write_kv_rope`).
 
     The kernels address the cache through its strides (page, slot in page, head), so they read either
     `kv_layout`; HND gives a decode program one contiguous run of `block_size` keys per page instead of
@@ -486,6 +565,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.decode_config: dict | None = None
         self.extend_config: dict | None = None
         self.longest_first = LONGEST_FIRST
+        self.fuse_rope = FUSE_ROPE
 
     # ---- tuning --------------------------------------------------------------------------------------
     def _decode_cfg(self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int) -> dict:
@@ -617,6 +697,68 @@ class TritonAttentionBackend(AttentionBackend):
             num_warps=1 if num_kv_heads * head_dim <= 512 else 4,
         )
 
+    def write_kv_rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        rope: RopeStep,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+    ) -> None:
+        """`rope.apply(q, k)` then `write_kv(k, v, ...)` in one launch: q is rotated in place, k rotated
+        into the cache (the k tensor itself is left as it was)."""
+        tokens, num_heads, head_dim = q.shape
+        if tokens == 0:
+            return
+        num_kv_heads = k.shape[1]
+        _rope_kv_write_kernel[(tokens,)](
+            q,
+            k,
+            v,
+            kv_cache[0],
+            kv_cache[1],
+            rope.positions,
+            slot_mapping,
+            rope.cos_cache,
+            rope.sin_cache,
+            1.0 / float(k_scale),
+            1.0 / float(v_scale),
+            q.stride(0),
+            k.stride(0),
+            v.stride(0),
+            v.stride(1),
+            kv_cache.stride(1),
+            kv_cache.stride(2),
+            kv_cache.stride(3),
+            BLOCK_SIZE=kv_cache.shape[2],
+            NUM_Q_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            QH_PAD=_pow2(num_heads),
+            KVH_PAD=_pow2(num_kv_heads),
+            KV_FP8=is_fp8_kv(kv_cache.dtype),
+            num_warps=4,
+        )
+
+    def fuses_rope(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeStep) -> bool:
+        """Whether `write_kv_rope` takes this step: `fuse_rope` on, rotary tables on the device (the CUDA
+        path of `RopeStep`), q / k heads as contiguous rows of a power-of-two head_dim, v rows contiguous."""
+        head_dim = q.shape[2]
+        return (
+            self.fuse_rope
+            and rope.cos is None
+            and head_dim >= 2
+            and head_dim & (head_dim - 1) == 0
+            and q.stride(2) == 1
+            and k.stride(2) == 1
+            and v.stride(2) == 1
+            and q.stride(1) == head_dim
+            and k.stride(1) == head_dim
+        )
+
     def forward(
         self,
         q: torch.Tensor,
@@ -629,6 +771,7 @@ class TritonAttentionBackend(AttentionBackend):
         sliding_window: int | None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        rope: RopeStep | None = None,
     ) -> torch.Tensor:
         kv_layout_of(kv_cache)  # NHD or HND (ValueError otherwise): the kernels read the cache's strides
         if kv_cache.shape[2] != metadata.block_size:
@@ -636,7 +779,12 @@ class TritonAttentionBackend(AttentionBackend):
         fp8 = is_fp8_kv(kv_cache.dtype)
         if not fp8:
             k_scale = v_scale = 1.0  # scales belong to fp8 caches only
-        self.write_kv(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
+        if rope is not None and self.fuses_rope(q, k, v, rope):
+            self.write_kv_rope(q, k, v, kv_cache, metadata.slot_mapping, rope, k_scale, v_scale)
+        else:
+            if rope is not None:
+                q, k = rope.apply(q, k)
+            self.write_kv(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         if q.stride(2) != 1:
             q = q.contiguous()
         plan = self._plan(metadata)
