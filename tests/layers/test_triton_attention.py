@@ -498,12 +498,17 @@ E2E_MODELS = [
 ]
 
 
+@pytest.mark.parametrize("fuse_rope", [False, True], ids=["rope_apart", "rope_fused"])
 @pytest.mark.parametrize("arch,overrides,block_size", E2E_MODELS, ids=[m[0] for m in E2E_MODELS])
-def test_llm_greedy_equal_with_triton_backend(tmp_path, arch, overrides, block_size):
+def test_llm_greedy_equal_with_triton_backend(tmp_path, arch, overrides, block_size, fuse_rope, monkeypatch):
+    """`fuse_rope`: RoPE applied by the Triton backend's KV write (`FUSE_ROPE`)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from qwick import LLM, SamplingParams
+    from qwick.layers.attention import triton_backend
     from tests.utils import make_tiny_model
+
+    monkeypatch.setattr(triton_backend, "FUSE_ROPE", fuse_rope)
 
     path = str(tmp_path / arch)
     make_tiny_model(arch, path, **overrides)

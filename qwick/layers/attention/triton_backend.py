@@ -67,9 +67,9 @@ MAX_NUM_SPLITS = 64
 # 15,927.
 LONGEST_FIRST = True
 # RoPE applied by the KV-write kernel (`_rope_kv_write_kernel`) when a step's rotary tables are on the
-# device: one launch per layer fewer. Written after the eighth session's device time; interpreter-tested
-# and compiled for sm_90, not yet timed on the H200.
-FUSE_ROPE = True
+# device: one launch per layer fewer. Written after the eighth session's device time (interpreter-tested,
+# compiled for sm_90); off until the H200 has run its tests and timed it (`gpu_session.sh rope`).
+FUSE_ROPE = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
 # real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
