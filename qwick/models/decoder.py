@@ -94,7 +94,7 @@ class DecoderAttention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        out = self.attn(q.flatten(1), k.flatten(1), v, rope)  # RoPE goes with the KV write
+        out = self.attn(q.flatten(1), k.flatten(1), v, rope)  # the backend rotates q, k (with its KV write)
         return self.o_proj(out)
 
 
