@@ -528,6 +528,18 @@ def _pow2(x: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
+def _slot_geometry(kv_cache: torch.Tensor) -> dict:
+    """The KV-write kernels' view of a cache: where a slot's heads lie (page, slot-in-page and head strides,
+    page size) and whether it stores fp8."""
+    return dict(
+        stride_cb=kv_cache.stride(1),
+        stride_cs=kv_cache.stride(2),
+        stride_ch=kv_cache.stride(3),
+        BLOCK_SIZE=kv_cache.shape[2],
+        KV_FP8=is_fp8_kv(kv_cache.dtype),
+    )
+
+
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention in Triton; a drop-in for TorchAttentionBackend on CUDA devices.
 
@@ -685,15 +697,11 @@ class TritonAttentionBackend(AttentionBackend):
             k.stride(1),
             v.stride(0),
             v.stride(1),
-            kv_cache.stride(1),
-            kv_cache.stride(2),
-            kv_cache.stride(3),
-            BLOCK_SIZE=kv_cache.shape[2],
+            **_slot_geometry(kv_cache),
             NUM_KV_HEADS=num_kv_heads,
             HEAD_DIM=head_dim,
             H_PAD=_pow2(num_kv_heads),
             D_PAD=_pow2(head_dim),
-            KV_FP8=is_fp8_kv(kv_cache.dtype),
             num_warps=1 if num_kv_heads * head_dim <= 512 else 4,
         )
 
@@ -730,16 +738,12 @@ class TritonAttentionBackend(AttentionBackend):
             k.stride(0),
             v.stride(0),
             v.stride(1),
-            kv_cache.stride(1),
-            kv_cache.stride(2),
-            kv_cache.stride(3),
-            BLOCK_SIZE=kv_cache.shape[2],
+            **_slot_geometry(kv_cache),
             NUM_Q_HEADS=num_heads,
             NUM_KV_HEADS=num_kv_heads,
             HEAD_DIM=head_dim,
             QH_PAD=_pow2(num_heads),
             KVH_PAD=_pow2(num_kv_heads),
-            KV_FP8=is_fp8_kv(kv_cache.dtype),
             num_warps=4,
         )
 
