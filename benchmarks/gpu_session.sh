@@ -20,6 +20,8 @@
 #   bash benchmarks/gpu_session.sh rope      # RoPE fused into the KV write (`FUSE_ROPE`, off): its GPU
 #                                            # tests, batch 1 (bf16, int4) and the 2048-token TTFT with it and
 #                                            # without
+#   bash benchmarks/gpu_session.sh w3prof    # where workload 3's time goes, bf16 and fp8 (synchronous steps,
+#                                            # kernel tables of a prefill and a decode step)
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
@@ -161,11 +163,19 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run ttft2048 $CLI bench latency $TTFT --output-json "$OUT/ttft2048.json"
     run ttft2048_rope_fused python -c "$FUSED" bench latency $TTFT --output-json "$OUT/ttft2048_rope_fused.json"
     ;;
+  w3prof)
+    for q in bf16 fp8; do
+      mkdir -p "$OUT/w3_$q"
+      OUT="$OUT/w3_$q" timeout 280 python benchmarks/throughput_profile.py qwen2.5-7b \
+        $([ $q = fp8 ] && echo fp8) >"$OUT/w3prof_$q.log" 2>&1
+      tail -16 "$OUT/w3prof_$q.log"
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|int4diag|kvlayout" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|int4diag|kvlayout" >&2
     exit 2
     ;;
 esac
