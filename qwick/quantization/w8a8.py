@@ -160,8 +160,8 @@ class W8A8LinearMethod(LinearMethod):
     # BENCHMARKS.md). CUTLASS-based engines run fast accumulation everywhere. fp32 models stay exact.
     fast_accum_max_k = 8192
     # `torch._scaled_mm` adds a bf16 bias in its epilogue: one launch fewer per biased layer (Qwen2's QKV:
-    # 28 adds of 105 us each in an 8,192-token fp8 prefill step on the H200). Turned off for this method
-    # the first time the installed torch refuses it (`_scaled_mm_bf16`).
+    # 28 adds of 105 us each in an 8,192-token fp8 prefill step on the H200). Turned off for every layer
+    # the first time the installed torch refuses it (`_scaled_mm_bf16`): one warning, not one per layer.
     scaled_mm_bias = True
     workspace = None
 
@@ -382,8 +382,10 @@ class W8A8LinearMethod(LinearMethod):
             try:
                 return torch._scaled_mm(xq, layer.weight.t(), bias=bias, **kw), True
             except RuntimeError as e:  # an older torch or another backend: add the bias separately
+                if isinstance(e, torch.OutOfMemoryError):
+                    raise  # out of memory is not a refusal of the bias
                 logger.warning("torch._scaled_mm refused a bias (%s); adding biases after the GEMM", e)
-                self.scaled_mm_bias = False
+                W8A8LinearMethod.scaled_mm_bias = False
         return torch._scaled_mm(xq, layer.weight.t(), **kw), False
 
     def _apply_cuda(

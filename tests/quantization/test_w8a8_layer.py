@@ -177,10 +177,14 @@ def test_cuda_path_logic_on_cpu(qdtype, m):
 
 @pytest.mark.parametrize("refuse", [False, True])
 def test_fp8_gemm_fuses_a_bf16_bias_or_adds_it_after(refuse, monkeypatch):
-    """`_scaled_mm` takes the QKV bias in its epilogue; where the installed torch refuses a bias, the method
-    adds it after the GEMM from then on. Either way the output is the reference's."""
+    """`_scaled_mm` takes the QKV bias in its epilogue; where the installed torch refuses a bias, every layer
+    adds it after the GEMM from then on (the next layer does not ask again). Either way the output is the
+    reference's."""
+    monkeypatch.setattr(W8A8LinearMethod, "scaled_mm_bias", True)  # restored after the test
     method = W8A8LinearMethod(FP8_DTYPE, checkpoint=False)
     layer = _layer(method, 288, 320, bias=True, dtype=torch.bfloat16)
+    other = W8A8LinearMethod(FP8_DTYPE, checkpoint=False)
+    other_layer = _layer(other, 288, 320, bias=True, dtype=torch.bfloat16)
     x = (torch.randn(40, 320, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16)
     real, biases = torch._scaled_mm, []
 
@@ -193,13 +197,32 @@ def test_fp8_gemm_fuses_a_bf16_bias_or_adds_it_after(refuse, monkeypatch):
     monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
     try:
         outs = [method._apply_cuda(layer, x) for _ in range(2)]
+        other_out = other._apply_cuda(other_layer, x)
     except (RuntimeError, NotImplementedError) as e:  # a CPU build without the fp8 GEMM
         pytest.skip(f"this torch has no CPU fp8 GEMM: {e}")
     ref = method.apply_reference(layer, x.float())
     for y in outs:
         assert ((y.float() - ref).norm() / ref.norm()).item() < 5e-3
-    assert biases == ([True, False, False] if refuse else [True, True])
-    assert method.scaled_mm_bias is not refuse
+    other_ref = other.apply_reference(other_layer, x.float())
+    assert ((other_out.float() - other_ref).norm() / other_ref.norm()).item() < 5e-3
+    assert biases == ([True, False, False, False] if refuse else [True, True, True])
+    assert other.scaled_mm_bias is not refuse
+
+
+def test_fp8_gemm_out_of_memory_is_not_a_refused_bias(monkeypatch):
+    """An out-of-memory error inside the biased GEMM propagates; bias fusion stays on."""
+    monkeypatch.setattr(W8A8LinearMethod, "scaled_mm_bias", True)
+    method = W8A8LinearMethod(FP8_DTYPE, checkpoint=False)
+    layer = _layer(method, 288, 320, bias=True, dtype=torch.bfloat16)
+    x = torch.randn(40, 320).to(torch.bfloat16)
+
+    def scaled_mm(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    with pytest.raises(torch.OutOfMemoryError):
+        method._apply_cuda(layer, x)
+    assert W8A8LinearMethod.scaled_mm_bias
 
 
 def test_cpu_int8_decode_rows_take_the_int8_weight_gemm(monkeypatch):
