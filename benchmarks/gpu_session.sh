@@ -22,6 +22,8 @@
 #                                            # without
 #   bash benchmarks/gpu_session.sh w3prof    # where workload 3's time goes, bf16 and fp8 (synchronous steps,
 #                                            # kernel tables of a prefill and a decode step)
+#   bash benchmarks/gpu_session.sh gaps      # workload 3 with async scheduling, bf16 and fp8: the GPU's idle time
+#                                            # between steps, and the host's time by phase
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
@@ -171,11 +173,19 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       tail -16 "$OUT/w3prof_$q.log"
     done
     ;;
+  gaps)
+    for q in ${QUANTS:-bf16 fp8}; do
+      timeout 200 python benchmarks/throughput_gaps.py qwen2.5-7b $([ $q = bf16 ] || echo $q) \
+        >"$OUT/gaps_$q.log" 2>&1
+      mv -f throughput_gaps.json "$OUT/gaps_$q.json" 2>/dev/null
+      tail -32 "$OUT/gaps_$q.log"
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|int4diag|kvlayout" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|int4diag|kvlayout" >&2
     exit 2
     ;;
 esac

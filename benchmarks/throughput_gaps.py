@@ -1,0 +1,99 @@
+"""Does the GPU wait for the host in offline throughput? Workload 3 (256 requests, 100-1024 prompt and output
+tokens) with async scheduling as `qwick bench throughput` runs it, with CUDA events around each step's
+queued work. The time between one step's last queued op and the next step's first is time the GPU sat idle
+waiting for the host; the host's own time is split into launching, waiting in `collect`, and the rest
+(scheduling, output processing, detokenizing).
+
+    python benchmarks/throughput_gaps.py [shape] [quantization]   # writes $OUT/throughput_gaps.json
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+from qwick import LLM, SamplingParams  # noqa: E402
+from qwick.bench.shapes import model_dir_for_shape  # noqa: E402
+from qwick.bench.workloads import ranged_requests  # noqa: E402
+
+shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-7b"
+quantization = sys.argv[2] if len(sys.argv) > 2 else None
+llm = LLM(model_dir_for_shape(shape), load_format="dummy", max_model_len=4096, quantization=quantization)
+eng = llm.llm_engine
+runner = eng.core.runner
+assert eng.core.async_scheduling, "this measures the async scheduling path"
+
+marks: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event]] = []  # kind, rows, start, end
+host = {"launch": 0.0, "collect": 0.0}
+launch, collect = runner.launch, runner.collect
+
+
+def timed_launch(scheduler_output):
+    replays = runner.num_graph_replays
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t = time.perf_counter()
+    start.record()
+    step = launch(scheduler_output)
+    end.record()
+    host["launch"] += time.perf_counter() - t
+    if scheduler_output.scheduled:
+        kind = "graph" if runner.num_graph_replays > replays else "eager"
+        marks.append((kind, len(scheduler_output.scheduled), start, end))
+    return step
+
+
+def timed_collect(step):
+    t = time.perf_counter()
+    out = collect(step)
+    host["collect"] += time.perf_counter() - t
+    return out
+
+
+runner.launch, runner.collect = timed_launch, timed_collect
+
+vocab = runner.vocab_size
+requests = ranged_requests(256, (100, 1024), (100, 1024), vocab, seed=0)
+for r in requests:
+    eng.add_request(
+        r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.6, ignore_eos=True)
+    )
+torch.cuda.synchronize()
+t_start = time.perf_counter()
+while eng.has_unfinished_requests():
+    eng.step()
+torch.cuda.synchronize()
+total = time.perf_counter() - t_start
+
+busy = {"graph": 0.0, "eager": 0.0}
+idle = {"graph": 0.0, "eager": 0.0}  # the GPU's wait before a step of this kind
+idle_by_rows: dict[str, list[float]] = {}
+for i, (kind, rows, start, end) in enumerate(marks):
+    busy[kind] += start.elapsed_time(end) / 1e3
+    if i:
+        gap = marks[i - 1][3].elapsed_time(start) / 1e3
+        idle[kind] += gap
+        size = ">=128" if rows >= 128 else "32-127" if rows >= 32 else "<32"
+        bucket = "eager" if kind == "eager" else f"graph rows {size}"
+        idle_by_rows.setdefault(bucket, []).append(gap)
+out_tokens = sum(r.max_tokens for r in requests)
+report = {
+    "shape": shape,
+    "quantization": quantization,
+    "seconds": total,
+    "output_tokens_per_s": out_tokens / total,
+    "steps": len(marks),
+    "gpu_step_span_s": busy,
+    "gpu_idle_between_steps_s": idle,
+    "idle_by_rows": {
+        k: {"steps": len(v), "total_s": sum(v), "median_us": statistics.median(v) * 1e6}
+        for k, v in sorted(idle_by_rows.items())
+    },
+    "host_s": {**host, "other": total - host["launch"] - host["collect"]},
+}
+print(json.dumps(report, indent=1), flush=True)
+with open("throughput_gaps.json", "w") as f:  # gpu_session.sh files it under $OUT
+    json.dump(report, f, indent=1)
