@@ -1,10 +1,15 @@
 """Does the GPU wait for the host in offline throughput? Workload 3 (256 requests, 100-1024 prompt and output
-tokens) with async scheduling as `qwick bench throughput` runs it, with CUDA events around each step's
-queued work. The time between one step's last queued op and the next step's first is time the GPU sat idle
-waiting for the host; the host's own time is split into launching, waiting in `collect`, and the rest
-(scheduling, output processing, detokenizing).
+tokens) with async scheduling as `qwick bench throughput` runs it.
 
-    python benchmarks/throughput_gaps.py [shape] [quantization]   # writes $OUT/throughput_gaps.json
+- CUDA events around each step's queued work: the time between one step's last op and the next step's first
+  is idle time between steps. A step's span also holds any wait for its own host work, since its first
+  event is queued before the host builds its inputs.
+- A kernel trace of steps 100-400: the union of the GPU ops' intervals against the window's length gives
+  the GPU's idle fraction, waits inside steps included.
+- The host's time by phase: launching (with the graph replay, logits and sampler calls inside it), waiting in
+  `collect`, and the rest (scheduling, output processing, detokenizing).
+
+    python benchmarks/throughput_gaps.py [shape] [quantization]   # writes ./throughput_gaps.json
 """
 
 import json
@@ -14,6 +19,7 @@ import sys
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.getcwd())
 from qwick import LLM, SamplingParams  # noqa: E402
@@ -55,6 +61,22 @@ def timed_collect(step):
 
 runner.launch, runner.collect = timed_launch, timed_collect
 
+
+def host_timed(name, fn):  # the host's time inside one part of `launch`
+    def wrapped(*args, **kwargs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        host[name] = host.get(name, 0.0) + time.perf_counter() - t
+        return out
+
+    return wrapped
+
+
+runner.graph_runner.replay = host_timed("launch: graph replay", runner.graph_runner.replay)
+runner.model.compute_logits = host_timed("launch: logits", runner.model.compute_logits)
+runner.sampler = host_timed("launch: sampler", runner.sampler)
+WINDOW = (100, 400)  # steps whose kernels are traced: the GPU's busy time is the union of their intervals
+
 vocab = runner.vocab_size
 requests = ranged_requests(256, (100, 1024), (100, 1024), vocab, seed=0)
 for r in requests:
@@ -63,10 +85,33 @@ for r in requests:
     )
 torch.cuda.synchronize()
 t_start = time.perf_counter()
+trace = profile(activities=[ProfilerActivity.CUDA])
+n = 0
 while eng.has_unfinished_requests():
+    if n == WINDOW[0]:
+        trace.__enter__()
     eng.step()
+    n += 1
+    if n == WINDOW[1]:
+        torch.cuda.synchronize()
+        trace.__exit__(None, None, None)
 torch.cuda.synchronize()
 total = time.perf_counter() - t_start
+
+spans = sorted(
+    (e.start_ns(), e.end_ns())
+    for e in trace.profiler.kineto_results.events()
+    if e.device_type() == torch.autograd.DeviceType.CUDA
+)
+busy_ns, reach = 0, None
+for lo, hi in spans:  # the union of the kernels' intervals
+    if reach is None or lo > reach:
+        busy_ns += hi - lo
+        reach = hi
+    elif hi > reach:
+        busy_ns += hi - reach
+        reach = hi
+window_ns = spans[-1][1] - spans[0][0]
 
 busy = {"graph": 0.0, "eager": 0.0}
 idle = {"graph": 0.0, "eager": 0.0}  # the GPU's wait before a step of this kind
@@ -91,6 +136,13 @@ report = {
     "idle_by_rows": {
         k: {"steps": len(v), "total_s": sum(v), "median_us": statistics.median(v) * 1e6}
         for k, v in sorted(idle_by_rows.items())
+    },
+    "traced_window": {
+        "steps": list(WINDOW),
+        "gpu_ops": len(spans),
+        "first_to_last_op_s": window_ns / 1e9,
+        "gpu_busy_s": busy_ns / 1e9,
+        "gpu_idle_fraction": 1 - busy_ns / window_ns,
     },
     "host_s": {**host, "other": total - host["launch"] - host["collect"]},
 }
