@@ -62,11 +62,18 @@ def timed_collect(step):
 runner.launch, runner.collect = timed_launch, timed_collect
 
 
+drained: dict[str, int] = {}  # calls that returned with the stream empty: they waited for the GPU
+
+
 def host_timed(name, fn):  # the host's time inside one part of `launch`
     def wrapped(*args, **kwargs):
+        stream = torch.cuda.current_stream()
+        busy_before = not stream.query()
         t = time.perf_counter()
         out = fn(*args, **kwargs)
         host[name] = host.get(name, 0.0) + time.perf_counter() - t
+        if busy_before and stream.query():
+            drained[name] = drained.get(name, 0) + 1
         return out
 
     return wrapped
@@ -84,6 +91,7 @@ for r in requests:
         r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.6, ignore_eos=True)
     )
 torch.cuda.synchronize()
+mem_before = torch.cuda.memory_stats()
 t_start = time.perf_counter()
 trace = profile(activities=[ProfilerActivity.CUDA])
 n = 0
@@ -143,6 +151,11 @@ report = {
         "first_to_last_op_s": window_ns / 1e9,
         "gpu_busy_s": busy_ns / 1e9,
         "gpu_idle_fraction": 1 - busy_ns / window_ns,
+    },
+    "calls_that_drained_the_stream": drained,
+    "allocator": {
+        k: torch.cuda.memory_stats().get(k, 0) - mem_before.get(k, 0)
+        for k in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
     },
     "host_s": {**host, "other": total - host["launch"] - host["collect"]},
 }
