@@ -17,7 +17,7 @@
 #   bash benchmarks/gpu_session.sh order     # decode rows longest context first (`LONGEST_FIRST`, the default):
 #                                            # the graph and decode tests, workload 3 in bf16 and fp8 with it and
 #                                            # without
-#   bash benchmarks/gpu_session.sh rope      # RoPE fused into the KV write (`FUSE_ROPE`, off): its GPU
+#   bash benchmarks/gpu_session.sh rope      # RoPE fused into the KV write (`FUSE_ROPE`, on): its GPU
 #                                            # tests, batch 1 (bf16, int4) and the 2048-token TTFT with it and
 #                                            # without
 #   bash benchmarks/gpu_session.sh w3prof    # where workload 3's time goes, bf16 and fp8 (synchronous steps,
@@ -153,17 +153,17 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
   rope)
     python -m pytest -q -m gpu -p no:cacheprovider tests/layers/test_triton_attention.py tests/kernels/test_elementwise.py \
       tests/runner/test_cuda_graphs.py -k "rope or graph or greedy or extend or decode_rows" 2>&1 | tail -2
-    FUSED="import sys; import qwick.layers.attention.triton_backend as t; t.FUSE_ROPE = True; \
+    APART="import sys; import qwick.layers.attention.triton_backend as t; t.FUSE_ROPE = False; \
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in bf16 int4; do
       QA=$([ $q = int4 ] && echo "--quantization int4")
       run "lat_$q" $LAT --shape qwen2.5-7b $SHORT $QA --output-json "$OUT/lat_$q.json"
-      run "lat_${q}_rope_fused" python -c "$FUSED" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b \
-        $SHORT $QA --output-json "$OUT/lat_${q}_rope_fused.json"
+      run "lat_${q}_rope_apart" python -c "$APART" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b \
+        $SHORT $QA --output-json "$OUT/lat_${q}_rope_apart.json"
     done
     TTFT="--shape qwen2.5-7b --max-model-len 4096 --input-len 2048 --output-len 2 --num-iters 7"
     run ttft2048 $CLI bench latency $TTFT --output-json "$OUT/ttft2048.json"
-    run ttft2048_rope_fused python -c "$FUSED" bench latency $TTFT --output-json "$OUT/ttft2048_rope_fused.json"
+    run ttft2048_rope_apart python -c "$APART" bench latency $TTFT --output-json "$OUT/ttft2048_rope_apart.json"
     ;;
   w3prof)
     for q in bf16 fp8; do

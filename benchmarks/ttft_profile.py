@@ -84,6 +84,44 @@ print(
     f"to every layer launched {statistics.median(launched) * 1e3:.2f} ms (medians of 10)",
     flush=True,
 )
+# The same on the GPU's clock, from CUDA events: the stream is idle when a step starts, so its first event
+# runs when the host records it; the next ones run when the GPU reaches them (after the host has queued
+# them and the GPU has done what came before).
+layers = model.model.layers
+marks: list[tuple[str, torch.cuda.Event]] = []
+
+
+def mark(name: str) -> None:
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    marks.append((name, ev))
+
+
+hooks = [layers[0].register_forward_pre_hook(lambda *_: mark("layer 0 starts"))]
+hooks.append(layers[1].register_forward_pre_hook(lambda *_: mark("layer 1 starts")))
+hooks.append(layers[-1].register_forward_hook(lambda *_: mark("last layer ends")))
+logits = model.compute_logits
+model.compute_logits = lambda *a: (mark("logits start"), logits(*a))[1]
+timelines = []
+for _ in range(10):
+    eng.add_request(
+        torch.randint(100, 150000, (n,), generator=g).tolist(),
+        SamplingParams(max_tokens=1, temperature=0, ignore_eos=True),
+    )
+    torch.cuda.synchronize()
+    marks.clear()
+    mark("step called")
+    while eng.has_unfinished_requests():
+        eng.step()
+    mark("first token out (host)")
+    torch.cuda.synchronize()
+    timelines.append({name: marks[0][1].elapsed_time(ev) for name, ev in marks})
+for h in hooks:
+    h.remove()
+model.compute_logits = logits
+print("GPU timeline of a prefill, ms from the first step call (medians of 10):")
+for name in timelines[0]:
+    print(f"  {name:24s} {statistics.median(t[name] for t in timelines):8.3f}")
 if os.environ.get("CPROFILE"):  # the host's share: cProfile of 10 prefills, by cumulative time
     import cProfile
     import io

@@ -426,7 +426,7 @@ def test_rope_fused_with_the_kv_write(heads, kv_heads, head_dim, dtype, kv_layou
     qkv = torch.randn(tokens, sum(sizes), device=device).to(dtype)
     qkv_ref = qkv.clone()
     tri = _backend(block_size, device)
-    tri.fuse_rope = True  # (`FUSE_ROPE` is off by default until the H200 has timed it)
+    tri.fuse_rope = True  # (`FUSE_ROPE`, the default)
     q, k, v = views(qkv)
     assert tri.fuses_rope(q, k, v, rope)
     cache = to_kv_layout(empty, kv_layout)
@@ -437,10 +437,19 @@ def test_rope_fused_with_the_kv_write(heads, kv_heads, head_dim, dtype, kv_layou
     cache_ref = to_kv_layout(empty, kv_layout)
     tri.write_kv(k_ref, v_ref, cache_ref, slots, k_scale, v_scale)
 
-    assert torch.equal(q, q_ref)
+    # The interpreter gives the same bits. Compiled for a GPU, the two kernels' roundings of the same
+    # products can differ by one unit in the last place (seen on the H200: bf16 q, fp16 cache).
+    def same(a: torch.Tensor, b: torch.Tensor, storage: torch.dtype) -> None:
+        if INTERPRET:
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        else:
+            ulp = torch.finfo(storage).eps  # relative: one unit in the last place of values in [1, 2)
+            torch.testing.assert_close(a.float(), b.float(), rtol=ulp, atol=ulp * 2**-6)
+
+    same(q.contiguous(), q_ref.contiguous(), dtype)
     assert not torch.equal(k, k_ref) and torch.equal(v, v_ref)  # k as it came: rotated only in the cache
-    cache, cache_ref = cache.contiguous().view(torch.uint8), cache_ref.contiguous().view(torch.uint8)
-    assert torch.equal(cache, cache_ref)
+    same(cache.contiguous(), cache_ref.contiguous(), cache_dtype)
+    cache = cache.contiguous().view(torch.uint8)
     written = cache.view(2, num_blocks * block_size, -1).any(-1).any(0).nonzero().flatten().tolist()
     assert written == sorted(s for s in slots.tolist() if s >= 0)
     # The PyTorch path's tables (gathered on the host) are not the kernel's: not fused; nor when off.

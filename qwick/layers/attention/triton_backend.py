@@ -67,9 +67,9 @@ MAX_NUM_SPLITS = 64
 # 15,927.
 LONGEST_FIRST = True
 # RoPE applied by the KV-write kernel (`_rope_kv_write_kernel`) when a step's rotary tables are on the
-# device: one launch per layer fewer. Written after the eighth session's device time (interpreter-tested,
-# compiled for sm_90); off until the H200 has run its tests and timed it (`gpu_session.sh rope`).
-FUSE_ROPE = False
+# device: one launch per layer fewer. Measured on the H200 (ninth session of 12-01 in BENCHMARKS.md):
+# batch-1 decode bf16 235.2 against 233.4 tok/s, int4 410.9 against 405.9; a 2048-token TTFT unchanged.
+FUSE_ROPE = True
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
 # real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
