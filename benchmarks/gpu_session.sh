@@ -24,6 +24,8 @@
 #                                            # kernel tables of a prefill and a decode step)
 #   bash benchmarks/gpu_session.sh gaps      # workload 3 with async scheduling, bf16 and fp8: the GPU's idle time
 #                                            # between steps, and the host's time by phase
+#   bash benchmarks/gpu_session.sh defer     # decoding deferred to the end for `generate`'s final-only outputs:
+#                                            # workload 3 in bf16 with it and without, the gaps, fp8
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
@@ -181,11 +183,23 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       tail -32 "$OUT/gaps_$q.log"
     done
     ;;
+  defer)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/layers/test_triton_attention.py \
+      tests/engine/test_async_scheduling.py -k "rope or async" 2>&1 | tail -2
+    NODEFER="import sys; import qwick.engine.detokenizer as d; i = d.IncrementalDetokenizer.__init__; \
+d.IncrementalDetokenizer.__init__ = lambda s, *a, defer=False, **k: i(s, *a, **k); \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    run tput_bf16 timeout 150 $TPUT --output-json "$OUT/tput_bf16.json"
+    run tput_bf16_nodefer timeout 150 python -c "$NODEFER" ${TPUT#python -m qwick.entrypoints.cli } \
+      --output-json "$OUT/tput_bf16_nodefer.json"
+    run tput_fp8 timeout 150 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
+    QUANTS=bf16 bash "$0" gaps | grep -A8 '"seconds"\|traced_window'
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|int4diag|kvlayout" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|int4diag|kvlayout" >&2
     exit 2
     ;;
 esac

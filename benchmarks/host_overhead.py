@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from qwick import LLM, SamplingParams  # noqa: E402
+from qwick.sampling_params import RequestOutputKind  # noqa: E402
 
 
 def make_llm(args: argparse.Namespace) -> LLM:
@@ -112,6 +113,11 @@ def main() -> None:
     p.add_argument("--profile-steps", type=int, default=10, help="decode steps under cProfile")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cumulative",
+        action="store_true",
+        help="per-step cumulative outputs (as a stream reads them); default: final only, as `generate` asks",
+    )
     args = p.parse_args()
 
     llm = make_llm(args)
@@ -122,6 +128,8 @@ def main() -> None:
     for _ in range(args.batch):
         prompt = [rng.randrange(2, vocab) for _ in range(rng.randint(*args.prompt_len))]
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0.6, ignore_eos=True)
+        if not args.cumulative:
+            params.output_kind = RequestOutputKind.FINAL_ONLY
         eng.add_request(prompt, params)
 
     # Prefill until every request decodes (one new token per row).

@@ -17,6 +17,11 @@ characters (none when stop strings are included in the output), so released text
 part of a stop string.
 
 `spaces_between_special_tokens` is not applied: the fast tokenizer's decoder joins tokens itself.
+
+Deferred decoding (`defer=True`, no stop strings): `update` only collects ids, and the text is decoded when
+it is first read, in one pass through the same window scheme, so it is the text the per-update decodes
+would have built. For outputs read once, at the end (`generate`'s FINAL_ONLY outputs), this takes the two
+decodes per request per step out of the engine's loop: a host cost that grows with the batch.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class IncrementalDetokenizer:
         include_stop_str_in_output: bool = False,
         *,
         min_tokens: int = 0,
+        defer: bool = False,
     ) -> None:
         self._decode = _make_decode(tokenizer, skip_special_tokens)
         self.stop: list[str] = [s for s in stop if s]
@@ -77,7 +83,9 @@ class IncrementalDetokenizer:
         self._prefix_text = self._decode(ctx) if ctx else ""
 
         self.output_token_ids: list[int] = []
-        self.output_text = ""
+        self._text = ""
+        self._deferred = defer and not self.stop  # a stop string must be searched for as ids arrive
+        self._behind = False  # deferred ids not decoded yet
         self.stop_reason: str | None = None
         self.finished = False
         self._released = 0  # chars of output_text handed out by get_delta
@@ -85,6 +93,21 @@ class IncrementalDetokenizer:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def output_text(self) -> str:
+        """The text so far (with deferred decoding: decoded now, if ids came since the last read)."""
+        self._catch_up()
+        return self._text
+
+    @output_text.setter
+    def output_text(self, text: str) -> None:
+        self._text = text
+
+    def _catch_up(self) -> None:
+        if self._behind:
+            self._behind = False
+            self._text += self._decode_step()
 
     def update(self, new_token_ids: Iterable[int], stop_terminated: bool = False) -> str | None:
         """Add generated ids; return the stop string that matched, else None.
@@ -104,12 +127,15 @@ class IncrementalDetokenizer:
             if not new_ids:
                 return None
         self._ids.extend(new_ids)
+        if self._deferred:
+            self._behind = True
+            return None
 
         new_text = self._decode_step()
         if not new_text:
             return None
-        start = len(self.output_text)
-        self.output_text += new_text
+        start = len(self._text)
+        self._text += new_text
 
         if self.stop and len(self.output_token_ids) > self.min_tokens:
             return self._check_stop(start)
@@ -167,6 +193,7 @@ class IncrementalDetokenizer:
         tail (decoded as is, with U+FFFD for bytes that never formed a character). Returns the last
         delta; `output_text` is final afterwards."""
         if not self.finished:
+            self._catch_up()
             text = self._decode(self._ids[self._prefix_offset :])
             if len(text) > len(self._prefix_text):
                 self.output_text += text[len(self._prefix_text) :]

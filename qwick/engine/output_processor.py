@@ -39,6 +39,7 @@ class SampleState:
             stop=params.stop,
             include_stop_str_in_output=params.include_stop_str_in_output,
             min_tokens=params.min_tokens,
+            defer=params.output_kind == RequestOutputKind.FINAL_ONLY,  # text read once, at the end
         )
         return cls(index, detok, logprobs=[] if params.logprobs is not None else None)
 

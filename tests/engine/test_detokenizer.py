@@ -344,3 +344,52 @@ def test_works_with_bare_tokenizers_tokenizer(tok):
     ids = tok.encode(TEXTS["mixed"])
     d, deltas, _ = stream(tok.backend_tokenizer, ids)
     assert "".join(deltas) == TEXTS["mixed"]
+
+
+def test_deferred_decoding_gives_the_per_update_text(tok):
+    """`defer=True`: updates only collect ids; the text, decoded when read, is what per-update decoding
+    gives, for split characters, special tokens, a stop token and an incomplete tail alike."""
+    rng = random.Random(1)
+    alphabet = list("abc xyz,.!\n") + list("你好世界学习龘") + ["😀", "👍🏽", "é", "ß"]
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    prompt = tok.encode("<|im_start|>user\nhi 你<|im_end|>\n<|im_start|>assistant\n")
+    for trial in range(40):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+        ids = tok.encode(text)
+        if trial % 3 == 0:
+            ids = ids[: rng.randint(1, len(ids))]  # may end inside a character
+        chunks = [rng.randint(1, 4) for _ in range(len(ids))]
+        stop_token = trial % 2 == 0
+        skip = trial % 4 != 1
+        texts = []
+        for defer in (False, True):
+            d = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip, defer=defer)
+            i = 0
+            for n in chunks:
+                if i >= len(ids):
+                    break
+                assert d.update(ids[i : i + n]) is None
+                i += n
+            if stop_token:
+                d.update([im_end], stop_terminated=True)
+            d.flush()
+            texts.append(d.output_text)
+            assert d.output_token_ids == ids + ([im_end] if stop_token else [])
+        assert texts[0] == texts[1], (text, ids)
+
+
+def test_deferred_decoding_decodes_only_when_read(tok):
+    d = IncrementalDetokenizer(tok, tok.encode("hi"), defer=True)
+    calls = []
+    decode = d._decode
+    d._decode = lambda ids: calls.append(len(ids)) or decode(ids)
+    ids = tok.encode(TEXTS["mixed"])
+    for t in ids:
+        d.update([t])
+    assert calls == []
+    assert d.output_text == TEXTS["mixed"]
+    assert len(calls) == 2  # the whole window once, then its context for the next read
+    assert d.get_delta() + d.flush() == TEXTS["mixed"]
+    # With stop strings the ids are decoded as they come (a stop must end the sequence when it appears).
+    d, _, stop = stream(tok, tok.encode(TEXTS["english"]), stop=["lazy"], defer=True)
+    assert stop == "lazy" and d.output_text == "Hello world! The "

@@ -437,14 +437,16 @@ def test_rope_fused_with_the_kv_write(heads, kv_heads, head_dim, dtype, kv_layou
     cache_ref = to_kv_layout(empty, kv_layout)
     tri.write_kv(k_ref, v_ref, cache_ref, slots, k_scale, v_scale)
 
-    # The interpreter gives the same bits. Compiled for a GPU, the two kernels' roundings of the same
-    # products can differ by one unit in the last place (seen on the H200: bf16 q, fp16 cache).
+    # The interpreter gives the same bits. Compiled for the H200, the two kernels' rounded products (bf16
+    # q, fp16 cache) can differ by one unit in their last place, which a cancelling sum then carries into
+    # its result: bound the difference by one unit at the scale of the values.
     def same(a: torch.Tensor, b: torch.Tensor, storage: torch.dtype) -> None:
         if INTERPRET:
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
         else:
-            ulp = torch.finfo(storage).eps  # relative: one unit in the last place of values in [1, 2)
-            torch.testing.assert_close(a.float(), b.float(), rtol=ulp, atol=ulp * 2**-6)
+            ulp = torch.finfo(storage).eps
+            scale = b.float().abs().max().item()
+            torch.testing.assert_close(a.float(), b.float(), rtol=ulp, atol=ulp * scale)
 
     same(q.contiguous(), q_ref.contiguous(), dtype)
     assert not torch.equal(k, k_ref) and torch.equal(v, v_ref)  # k as it came: rotated only in the cache
