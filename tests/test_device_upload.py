@@ -25,6 +25,16 @@ def test_empty_and_float():
     assert to_device([0.5, 2.0], torch.float32, "cpu").tolist() == [0.5, 2.0]
 
 
+def test_lists_keep_their_values_through_numpy():
+    """Lists of the common dtypes are converted through numpy; 64-bit values survive, and a dtype numpy
+    is not asked for (bool) takes torch's conversion."""
+    big = [2**40 + 3, -(2**35), 0]
+    assert to_device(big, torch.int64, "cpu").tolist() == big
+    out = to_device([True, False, True], torch.bool, "cpu")
+    assert out.dtype == torch.bool and out.tolist() == [True, False, True]
+    assert to_device(list(range(2048)), torch.long, "cpu").tolist() == list(range(2048))
+
+
 @pytest.mark.gpu
 def test_upload_returns_while_the_gpu_is_busy():
     """The point of `to_device`: the host does not wait for kernels queued before the copy. A copy from
