@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.getcwd())
 from qwick import LLM, SamplingParams  # noqa: E402
 from qwick.bench.shapes import model_dir_for_shape  # noqa: E402
-from qwick.bench.workloads import ranged_requests  # noqa: E402
+from qwick.bench.workloads import throughput_summary, workload3_requests  # noqa: E402
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-7b"
 quantization = sys.argv[2] if len(sys.argv) > 2 else None
@@ -85,7 +85,7 @@ runner.sampler = host_timed("launch: sampler", runner.sampler)
 WINDOW = (100, 400)  # steps whose kernels are traced: the GPU's busy time is the union of their intervals
 
 vocab = runner.vocab_size
-requests = ranged_requests(256, (100, 1024), (100, 1024), vocab, seed=0)
+requests = workload3_requests(vocab)
 for r in requests:
     eng.add_request(
         r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.6, ignore_eos=True)
@@ -132,12 +132,10 @@ for i, (kind, rows, start, end) in enumerate(marks):
         size = ">=128" if rows >= 128 else "32-127" if rows >= 32 else "<32"
         bucket = "eager" if kind == "eager" else f"graph rows {size}"
         idle_by_rows.setdefault(bucket, []).append(gap)
-out_tokens = sum(r.max_tokens for r in requests)
 report = {
     "shape": shape,
     "quantization": quantization,
-    "seconds": total,
-    "output_tokens_per_s": out_tokens / total,
+    **throughput_summary(requests, total),
     "steps": len(marks),
     "gpu_step_span_s": busy,
     "gpu_idle_between_steps_s": idle,

@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.getcwd())
 from qwick import LLM, SamplingParams  # noqa: E402
 from qwick.bench.shapes import model_dir_for_shape  # noqa: E402
-from qwick.bench.workloads import ranged_requests  # noqa: E402
+from qwick.bench.workloads import throughput_summary, workload3_requests  # noqa: E402
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-7b"
 quantization = sys.argv[2] if len(sys.argv) > 2 else None
@@ -32,7 +32,7 @@ llm = LLM(
 eng = llm.llm_engine
 core = eng.core
 vocab = core.runner.vocab_size
-requests = ranged_requests(256, (100, 1024), (100, 1024), vocab, seed=0)
+requests = workload3_requests(vocab)
 for r in requests:
     eng.add_request(
         r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.6, ignore_eos=True)
@@ -58,12 +58,10 @@ while eng.has_unfinished_requests():
         print(f"--- step {n} ({steps[-1][0]}) kernels ---\n{table}", flush=True)
         profiled = profiled or table
 total = time.perf_counter() - t_start
-out_tokens = sum(r.max_tokens for r in requests)
 report = {
     "shape": shape,
     "quantization": quantization,
-    "seconds": total,
-    "output_tokens_per_s": out_tokens / total,
+    **throughput_summary(requests, total),
     "steps": len(steps),
 }
 for kind in ("graph", "eager"):

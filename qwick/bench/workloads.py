@@ -36,3 +36,14 @@ def ranged_requests(
         n_out = rng.randint(*output_range)
         out.append(BenchRequest(random_prompt(rng, n_in, vocab_size), n_out))
     return out
+
+
+def workload3_requests(vocab_size: int, seed: int = 0) -> list[BenchRequest]:
+    """Workload 3 of the benchmark method (offline throughput): 256 requests, prompt and output lengths
+    uniform in [100, 1024]."""
+    return ranged_requests(256, (100, 1024), (100, 1024), vocab_size, seed)
+
+
+def throughput_summary(requests: list[BenchRequest], seconds: float) -> dict:
+    """Seconds and output tokens per second of a run that generated every request's `max_tokens`."""
+    return {"seconds": seconds, "output_tokens_per_s": sum(r.max_tokens for r in requests) / seconds}
