@@ -5,8 +5,10 @@ their latency: Nsight Compute has it issue-bound at ~40 us on the qwen2.5-7b gat
 Here two codes become one f16x2 value in one `lop3`: `(w >> 4p) & 0x000F000F | 0x64006400` reads as the
 pair (1024 + q_p, 1024 + q_{p+4}), so for the four shifts p of a word, `sub.f16x2` removes (1024 + z)
 exactly (small integers) and `fma.rn.f16x2` multiplies by the matching pair of activations and accumulates:
-15 instructions per word of eight codes. Four words (32 products) are summed in fp16, then in fp32, and
-scaled by their group's scale in fp32.
+15 instructions per word of eight codes. The default (`ONE_SHIFT`) reads the odd nibbles in place,
+`w & 0x00F000F0 | 0x64006400` = (1024 + 16 q, ...), and one `fma` by 1/16 with -(64 + z) gives q - z: one
+shift per word, 13 instructions (+1.2% batch-1 int4 decode on the H200). Four words (32 products) are
+summed in fp16, then in fp32, and scaled by their group's scale in fp32.
 
 Tiles are 32 words (256 codes) of each of 64 rows, several groups wide: per-iteration costs (scale loads,
 loop control) halve against one-group tiles, and that is most of the gain (the f16x2 decoding alone, at
@@ -108,8 +110,9 @@ def _xpairs_f16_asm() -> str:
 
 DOT4_ASM = _dot4_asm()
 DOT4_ONE_SHIFT_ASM = _dot4_asm(one_shift=True)
-# Which decoding the kernel uses (`_dot4_asm`); the one-shift form is compiled for sm_90 but not yet timed.
-ONE_SHIFT = False
+# Which decoding the kernel uses (`_dot4_asm`). One shift per word, measured on the H200 (ninth session of
+# 12-01 in BENCHMARKS.md): batch-1 int4 decode 417.2 against 412.2 tok/s in one call, GPU tests passed.
+ONE_SHIFT = True
 XPAIRS_BF16_ASM = _xpairs_bf16_asm()
 XPAIRS_F16_ASM = _xpairs_f16_asm()
 
