@@ -26,6 +26,9 @@
 #                                            # between steps, and the host's time by phase
 #   bash benchmarks/gpu_session.sh defer     # decoding deferred to the end for `generate`'s final-only outputs:
 #                                            # workload 3 in bf16 with it and without, the gaps, fp8
+#   bash benchmarks/gpu_session.sh pairs     # int4 batch 1 with the norms and SiLU writing the f16x2 GEMV's
+#                                            # activation pairs (`paired_input`, off): its GPU tests, batch 1
+#                                            # with it and without
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
@@ -195,11 +198,22 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run tput_fp8 timeout 150 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
     QUANTS=bf16 bash "$0" gaps | grep -A8 '"seconds"\|traced_window'
     ;;
+  pairs)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py tests/kernels/test_elementwise.py \
+      tests/quantization/test_int4_on_the_fly.py -k "pairs or paired or f16x2 or nibble or row_gemv" 2>&1 | tail -2
+    PAIRED="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.paired_input = True; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for i in 1 2; do
+      run "lat_int4_$i" $LAT --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/lat_int4_$i.json"
+      run "lat_int4_paired_$i" python -c "$PAIRED" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b \
+        $SHORT --quantization int4 --output-json "$OUT/lat_int4_paired_$i.json"
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|int4diag|kvlayout" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout" >&2
     exit 2
     ;;
 esac

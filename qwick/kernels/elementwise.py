@@ -11,7 +11,8 @@ so the fused layers agree with the PyTorch path to one rounding step of the outp
 
 RMSNorm and SiLU-and-mul can also quantize their output per token for a W8A8 projection that reads it
 (`quant`, a `RowQuant`): the codes and scales are bit-identical to `qwick.kernels.w8a8.quantize_rows` on
-the output, written in the same launch.
+the output, written in the same launch. For the batch-1 int4 GEMV in packed fp16 they write its operand
+instead (`quant`, a `HalfPairs`): the output's fp16 pairs, as that GEMV would make them in registers.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import triton
 import triton.language as tl
 
 from qwick.kernels.w8a8 import codes_of, inv_qmax
-from qwick.layers.linear import QuantizedRows, RowQuant
+from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
 
 
 @triton.jit
@@ -32,10 +33,12 @@ def _rms_norm_kernel(
     out_ptr,
     q_ptr,
     s_ptr,
+    p_ptr,
     stride_x,
     stride_res,
     stride_out,
     stride_q,
+    stride_p,
     N,
     eps,
     HAS_RESIDUAL: tl.constexpr,
@@ -44,6 +47,8 @@ def _rms_norm_kernel(
     INV_QMAX: tl.constexpr,
     MIN_AMAX: tl.constexpr,
     IS_INT: tl.constexpr,
+    PAIRS: tl.constexpr,
+    INV_DIV: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -62,6 +67,20 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
     if QUANT:  # the row's codes and scale, as `quantize_rows` would make them from `out`
         _store_codes(y, q_ptr + row * stride_q + cols, s_ptr + row, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
+    if PAIRS:
+        _store_half_pairs(y, p_ptr + row * stride_p, 0, N // 8, INV_DIV, BLOCK)
+
+
+@triton.jit
+def _store_half_pairs(y, p_row, first_word, num_words, INV_DIV: tl.constexpr, BLOCK: tl.constexpr):
+    """The values y [BLOCK] (BLOCK / 8 words of eight columns from word `first_word`) as the `HalfPairs`
+    operand: for each word, (x_p, x_{p+4}) * INV_DIV rounded to fp16, x_p in the low half, at int32
+    `p_row + 4 * word + p`. The same values as the int4 f16x2 GEMV's in-register pairing."""
+    h = (y.to(tl.float32) * INV_DIV).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    lo, hi = tl.split(tl.permute(tl.reshape(h, (BLOCK // 8, 2, 4)), (0, 2, 1)))  # [word, p] each
+    words = first_word + tl.arange(0, BLOCK // 8)
+    ptrs = p_row + 4 * words[:, None] + tl.arange(0, 4)[None, :]
+    tl.store(ptrs, lo | (hi << 16), mask=(words < num_words)[:, None])
 
 
 @triton.jit
@@ -119,6 +138,8 @@ def rms_norm(
     1.45 us; benchmarks/decode_quant_kernels.py, in a CUDA graph).
     """
     rows, n = x.shape
+    half_pairs = quant if isinstance(quant, HalfPairs) else None
+    quant = None if half_pairs is not None else quant
     if quant is not None and quant.group is not None:  # not written in this kernel: a launch of its own
         from qwick.kernels.w8a8 import quantize_rows
 
@@ -127,6 +148,7 @@ def rms_norm(
         return QuantizedRows(out, codes, scales, quant.group)
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     codes, scales, meta = _row_codes(out, quant)
+    pairs, pair_meta = _pairs_buffer(out, half_pairs)
     if rows > 0:
         block = triton.next_power_of_2(n)
         res = residual if residual is not None else x
@@ -137,10 +159,12 @@ def rms_norm(
             out,
             codes,
             scales,
+            pairs,
             x.stride(0),
             res.stride(0),
             out.stride(0),
             codes.stride(0),
+            pairs.stride(0),
             n,
             eps,
             HAS_RESIDUAL=residual is not None,
@@ -148,8 +172,22 @@ def rms_norm(
             BLOCK=block,
             num_warps=num_warps or _norm_warps(block, quant is not None and rows <= 16),
             **meta,
+            **pair_meta,
         )
+    if half_pairs is not None:
+        return PairedRows(out, pairs)
     return out if quant is None else QuantizedRows(out, codes, scales)
+
+
+def _pairs_buffer(out: torch.Tensor, half_pairs: HalfPairs | None) -> tuple[torch.Tensor, dict]:
+    """The int32 [rows, N / 2] buffer of `half_pairs` (a dummy without it) and its meta-parameters."""
+    if half_pairs is None:
+        return out, {"PAIRS": False, "INV_DIV": 1.0}
+    rows, n = out.shape
+    if n % 8:
+        raise ValueError(f"fp16 pairs are made per word of eight values: {n} columns are not whole words")
+    pairs = torch.empty((rows, n // 2), dtype=torch.int32, device=out.device)
+    return pairs, {"PAIRS": True, "INV_DIV": 1.0 / half_pairs.x_div}
 
 
 def _norm_warps(block: int, few_rows_with_codes: bool) -> int:
@@ -260,11 +298,25 @@ def _silu_mul(x_row, cols, mask, N):
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, N, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr,
+    out_ptr,
+    p_ptr,
+    stride_x,
+    stride_out,
+    stride_p,
+    N,
+    PAIRS: tl.constexpr,
+    INV_DIV: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
-    tl.store(out_ptr + row * stride_out + cols, _silu_mul(x_ptr + row * stride_x, cols, mask, N), mask=mask)
+    y = _silu_mul(x_ptr + row * stride_x, cols, mask, N)
+    tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    if PAIRS:
+        _store_half_pairs(y, p_ptr + row * stride_p, tl.program_id(1) * (BLOCK // 8), N // 8, INV_DIV, BLOCK)
 
 
 @triton.jit
@@ -361,18 +413,22 @@ def silu_and_mul_quant(
     return QuantizedRows(out, codes, scales, quant.group)
 
 
-def silu_and_mul(x: torch.Tensor, quant: RowQuant | None = None) -> torch.Tensor | QuantizedRows:
+def silu_and_mul(
+    x: torch.Tensor, quant: RowQuant | HalfPairs | None = None
+) -> torch.Tensor | QuantizedRows | PairedRows:
     """silu(x[:, :N]) * x[:, N:] for x [rows, 2N]. With `quant`, also the output's per-row codes and scales
-    (`QuantizedRows`): one launch where a separate quantization would take another and a second read."""
+    (`QuantizedRows`): one launch where a separate quantization would take another and a second read; or,
+    with a `HalfPairs`, the output's fp16 pairs (`PairedRows`)."""
     rows, two_n = x.shape
     n = two_n // 2
-    if quant is not None:
+    if isinstance(quant, RowQuant):
         return silu_and_mul_quant(x, quant)
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    if rows == 0:
-        return out
-    block = min(triton.next_power_of_2(n), 2048)
-    _silu_and_mul_kernel[(rows, triton.cdiv(n, block))](
-        x, out, x.stride(0), out.stride(0), n, BLOCK=block, num_warps=4
-    )
-    return out
+    pairs, pair_meta = _pairs_buffer(out, quant)
+    if rows > 0:
+        block = min(triton.next_power_of_2(n), 2048)
+        _silu_and_mul_kernel[(rows, triton.cdiv(n, block))](
+            x, out, pairs, x.stride(0), out.stride(0), pairs.stride(0), n, BLOCK=block, num_warps=4,
+            **pair_meta,
+        )  # fmt: skip
+    return out if quant is None else PairedRows(out, pairs)

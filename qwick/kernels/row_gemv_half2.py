@@ -115,6 +115,7 @@ DOT4_ONE_SHIFT_ASM = _dot4_asm(one_shift=True)
 ONE_SHIFT = True
 XPAIRS_BF16_ASM = _xpairs_bf16_asm()
 XPAIRS_F16_ASM = _xpairs_f16_asm()
+PAIRED = tl.constexpr("paired")  # XPAIRS when x is already the pairs (`HalfPairs`), not 16-bit values
 
 
 @triton.jit
@@ -139,10 +140,13 @@ def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.conste
     C: tl.constexpr = cols.shape[0]
     xw = x_ptr.to(tl.pointer_type(tl.int32)) + 4 * cols  # two activations per int32, four int32 per word
     xs = tl.load(xw[:, :, None] + tl.arange(0, 4)[None, None, :])  # [C, word, 4]
-    a0, a1, a2, a3 = split4(xs.reshape(C, 4, 2, 2))  # [C, word]: x0x1, x2x3, x4x5, x6x7
-    d0, d1, d2, d3 = tl.inline_asm_elementwise(
-        XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
-    )  # [C, word] per shift
+    a0, a1, a2, a3 = split4(xs.reshape(C, 4, 2, 2))  # [C, word]: x0x1, x2x3, x4x5, x6x7 (or the pairs)
+    if XPAIRS == PAIRED:  # x_ptr holds the `HalfPairs` operand: the words' pairs, made by x's producer
+        d0, d1, d2, d3 = a0, a1, a2, a3
+    else:
+        d0, d1, d2, d3 = tl.inline_asm_elementwise(
+            XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
+        )  # [C, word] per shift
     x00, x10, x20, x30 = _words_pairs(d0)  # x{word}{shift}
     x01, x11, x21, x31 = _words_pairs(d1)
     x02, x12, x22, x32 = _words_pairs(d2)
@@ -175,7 +179,7 @@ def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.conste
 
 
 @triton.jit
-def _tile_dot_emulated(words, x_ptr, cols, z):
+def _tile_dot_emulated(words, x_ptr, cols, z, IS_PAIRED: tl.constexpr):
     """What `_tile_dot_half2` computes, in fp32 Triton arithmetic (for the interpreter)."""
     C: tl.constexpr = cols.shape[0]
     BLOCK_N: tl.constexpr = words.shape[0]
@@ -184,7 +188,12 @@ def _tile_dot_emulated(words, x_ptr, cols, z):
     part = tl.zeros((BLOCK_N, C), tl.float32)
     for k in tl.static_range(4):
         for p in tl.static_range(8):
-            x = tl.load(x_ptr + 8 * wcols[k] + p).to(tl.float32) / _X_DIV
+            if IS_PAIRED:  # x_p / X_DIV in fp16: half p // 4 of int32 4 * word + p % 4
+                pair = tl.load(x_ptr + 4 * wcols[k] + p % 4)
+                half = ((pair >> (16 * (p // 4))) & 0xFFFF).to(tl.int16)
+                x = half.to(tl.float16, bitcast=True).to(tl.float32)
+            else:
+                x = tl.load(x_ptr + 8 * wcols[k] + p).to(tl.float32) / _X_DIV
             q = ((ws[k] >> (4 * p)) & 0xF).to(tl.float32) - z
             part += q * x[None, :]
     return part
@@ -249,7 +258,7 @@ def _w4_half2_kernel(
         cols = j + quad[:, None] + tl.arange(0, 4)[None, :]  # [C, 4]: the words of each quad
         s, z = _tile_scales(s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
         if EMULATE:
-            part = _tile_dot_emulated(words, x_ptr, cols, z)
+            part = _tile_dot_emulated(words, x_ptr, cols, z, XPAIRS == PAIRED)
         else:
             part = _tile_dot_half2(words, x_ptr, cols, z, XPAIRS, DOT4, ONE_SHIFT)
         acc += s * part
@@ -287,24 +296,36 @@ def w4_half2_gemv(
     bias: torch.Tensor | None,
     ws: GemvWorkspace,
     config: RowGemvConfig | None = None,
+    pairs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`x @ W.T + bias` for one row x [1, K] of bf16/fp16 activations and an int4 `QuantizedWeight`
-    (`w4_half2_supported`), in f16x2 arithmetic (see the module docstring)."""
+    (`w4_half2_supported`), in f16x2 arithmetic (see the module docstring). `pairs`: x's `HalfPairs`
+    operand (int32 [1, K / 2], `X_DIV`), read instead of x (weights without an act-order permutation)."""
     n, k = weight.shape
     if x.shape != (1, k) or not w4_half2_supported(weight, x):
         raise ValueError(
             f"w4_half2_gemv needs x [1, {k}] in bf16/fp16 and int4 groups of 64-256, got x {tuple(x.shape)} "
             f"{x.dtype}, group {weight.group_size}"
         )
-    x = row_input(x, weight, 16)  # read four int32 at a time
+    if pairs is not None:
+        if pairs.shape != (1, k // 2) or pairs.dtype != torch.int32 or weight.perm is not None:
+            raise ValueError(f"pairs must be int32 [1, {k // 2}] for a weight without act-order")
+        x_dtype, x = x.dtype, pairs.contiguous()
+        x = x.clone() if x.data_ptr() % 16 else x
+    else:
+        x_dtype, x = x.dtype, row_input(x, weight, 16)  # read four int32 at a time
     kw = k // 8
     group_words = weight.group_size // 8
     cfg = config or default_half2_config(n, kw, ws.num_sms)
     if kw % cfg.block_k or cfg.block_k % 4 or (cfg.block_k % group_words and group_words % cfg.block_k):
         raise ValueError(f"tiles of {cfg.block_k} words do not fit rows of {kw} in groups of {group_words}")
     tiles = _check_workspace(ws, n, cfg)
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((1, n), dtype=x_dtype, device=x.device)
     args, meta = weight_args(weight, bias, y, ws)
+    if pairs is not None:
+        xpairs = PAIRED
+    else:
+        xpairs = XPAIRS_BF16_ASM if x_dtype == torch.bfloat16 else XPAIRS_F16_ASM
     _w4_half2_kernel[(tiles, cfg.split_k)](
         x,
         *args,
@@ -313,7 +334,7 @@ def w4_half2_gemv(
         GROUP_W=group_words,
         BLOCK_N=cfg.block_n,
         BLOCK_W=cfg.block_k,
-        XPAIRS=XPAIRS_BF16_ASM if x.dtype == torch.bfloat16 else XPAIRS_F16_ASM,
+        XPAIRS=xpairs,
         DOT4=DOT4_ONE_SHIFT_ASM if ONE_SHIFT else DOT4_ASM,
         ONE_SHIFT=ONE_SHIFT,
         EMULATE=EMULATE,

@@ -6,12 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwick.layers.linear import QuantizedRows, RowQuant
+from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
 
 
 class SiluAndMul(nn.Module):
-    def forward(self, x: torch.Tensor, quant: RowQuant | None = None) -> torch.Tensor | QuantizedRows:
-        """With `quant` (the down projection's `input_quant`), CUDA also writes the output's codes."""
+    def forward(
+        self, x: torch.Tensor, quant: RowQuant | HalfPairs | None = None
+    ) -> torch.Tensor | QuantizedRows | PairedRows:
+        """With `quant` (the down projection's `input_quant`), CUDA also writes the output's codes (or its
+        fp16 pairs)."""
         if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
             from qwick.kernels.elementwise import silu_and_mul
 

@@ -41,6 +41,24 @@ class QuantizedRows:
     group: int | None = None  # the `RowQuant.group` the codes were made with
 
 
+@dataclass(frozen=True)
+class HalfPairs:
+    """The operand of the batch-1 int4 GEMV in packed fp16 (`qwick.kernels.row_gemv_half2`), asked for with
+    `Linear.input_quant` like a `RowQuant`, so that the kernel producing the input (RMSNorm, SiLU-and-mul)
+    writes it in the same pass instead of every GEMV program pairing the activations again: for each word
+    of eight values x_0..x_7, four int32 holding (x_p, x_{p+4}) / `x_div` in fp16, x_p in the low half."""
+
+    x_div: float
+
+
+@dataclass
+class PairedRows:
+    """An input x [M, K] with its `HalfPairs` operand [M, K / 2] (int32): the pairs of x's own values."""
+
+    x: torch.Tensor
+    pairs: torch.Tensor
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T + bias`, with a GEMV for single-token decode on the CPU.
 
@@ -81,12 +99,13 @@ class LinearMethod:
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, layer.weight, layer.bias)
 
-    def input_quant(self, layer: Linear, x: torch.Tensor) -> RowQuant | None:
-        """The per-row quantization `apply` would give `x` (only its rows, dtype and device matter), if
-        any; an input that comes with it goes to `apply_quantized`."""
+    def input_quant(self, layer: Linear, x: torch.Tensor) -> RowQuant | HalfPairs | None:
+        """The per-row quantization `apply` would give `x` (only its rows, dtype and device matter), or
+        the operand layout it would make of it, if any; an input that comes with it goes to
+        `apply_quantized`."""
         return None
 
-    def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
+    def apply_quantized(self, layer: Linear, x: QuantizedRows | PairedRows) -> torch.Tensor:
         return self.apply(layer, x.x)
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -166,12 +185,12 @@ class Linear(nn.Module):
         self.method.create_weights(self)
         self.bias = nn.Parameter(torch.zeros(self.output_size), requires_grad=False) if bias else None
 
-    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
-        if isinstance(x, QuantizedRows):
+    def forward(self, x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
+        if isinstance(x, (QuantizedRows, PairedRows)):
             return self.method.apply_quantized(self, x)
         return self.method.apply(self, x)
 
-    def input_quant(self, x: torch.Tensor) -> RowQuant | None:
+    def input_quant(self, x: torch.Tensor) -> RowQuant | HalfPairs | None:
         """How this layer would quantize the rows of `x` (a tensor with its input's rows, dtype and device),
         for the kernel that produces the input to do it; None when it would not."""
         return self.method.input_quant(self, x)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qwick.layers.linear import QuantizedRows, RowQuant
+from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
+
+NormOut = torch.Tensor | QuantizedRows | PairedRows
 
 
 class RMSNorm(nn.Module):
@@ -22,12 +24,16 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, quant: RowQuant | None = None
-    ) -> torch.Tensor | QuantizedRows | tuple[torch.Tensor | QuantizedRows, torch.Tensor]:
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        quant: RowQuant | HalfPairs | None = None,
+    ) -> NormOut | tuple[NormOut, torch.Tensor]:
         """`norm(x)`, or with a residual: `(norm(x + residual), x + residual)`.
 
         On CUDA (2-D inputs) the fused kernel writes `x + residual` into `residual` in place, and with
-        `quant` (the next layer's `input_quant`) it also writes the output's codes: `QuantizedRows`.
+        `quant` (the next layer's `input_quant`) it also writes the output's codes (`QuantizedRows`) or
+        its fp16 pairs (`PairedRows`).
         """
         if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
             from qwick.kernels.elementwise import rms_norm

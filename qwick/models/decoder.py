@@ -19,7 +19,7 @@ from transformers import PretrainedConfig
 
 from qwick.layers.activation import SiluAndMul
 from qwick.layers.attention.layer import Attention
-from qwick.layers.linear import Linear, LinearMethod, QuantizedRows, VocabEmbedding
+from qwick.layers.linear import Linear, LinearMethod, PairedRows, QuantizedRows, VocabEmbedding
 from qwick.layers.norm import RMSNorm
 from qwick.layers.rotary import RopeStep, RotaryEmbedding
 from qwick.quantization.base import QuantizationConfig
@@ -87,7 +87,7 @@ class DecoderAttention(nn.Module):
             _sliding_window(config, layer_idx),
         )
 
-    def forward(self, rope: RopeStep, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+    def forward(self, rope: RopeStep, x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -132,7 +132,7 @@ class DecoderMLP(nn.Module):
         )
         self.act = SiluAndMul()
 
-    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
         h = self.gate_up_proj(x)
         return self.down_proj(self.act(h, quant=self.down_proj.input_quant(h)))
 

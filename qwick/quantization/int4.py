@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwick.layers.linear import Linear, LinearMethod
+from qwick.layers.linear import HalfPairs, Linear, LinearMethod, PairedRows
 from qwick.quantization.base import QuantizationConfig
 from qwick.quantization.formats import awq as awq_codec
 from qwick.quantization.formats import cpu_int4, rtn
@@ -93,6 +93,10 @@ class PackedLinearMethod(LinearMethod):
     workspace = None
     # Batch-1 decode through the packed-fp16 GEMV (`qwick.kernels.row_gemv_half2`); False: the fp32 one.
     decode_half2 = True
+    # That GEMV's operand (`HalfPairs`) written by the RMSNorm or SiLU-and-mul that produces its input, so
+    # that its programs do not each pair the activations. Compiled for sm_90 (576 SASS instructions against
+    # 640), not yet timed on the H200: off until measured.
+    paired_input = False
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
@@ -154,6 +158,25 @@ class PackedLinearMethod(LinearMethod):
         if cached is None or cached[0] != stamp:
             cached = layer.cpu_int4_pack = (stamp, cpu_int4.pack(weight, dtype))
         return cached[1]
+
+    def input_quant(self, layer: Linear, x: torch.Tensor) -> HalfPairs | None:
+        """The packed-fp16 GEMV's operand for a one-row input it will take, when `paired_input` is on."""
+        if not (self.paired_input and self.decode_half2 and x.is_cuda and x.dim() == 2 and x.shape[0] == 1):
+            return None
+        from qwick.kernels.row_gemv_half2 import X_DIV, w4_half2_supported
+
+        weight = self.quantized_weight(layer)
+        if weight.perm is not None or x.shape[1] % 8 or not w4_half2_supported(weight, x):
+            return None
+        return HalfPairs(X_DIV)
+
+    def apply_quantized(self, layer: Linear, x: PairedRows) -> torch.Tensor:
+        """A one-row input with the pairs `input_quant` asked for: the packed-fp16 GEMV reads those."""
+        from qwick.kernels.row_gemv_half2 import w4_half2_gemv
+
+        if not isinstance(x, PairedRows):
+            return self.apply(layer, x.x)
+        return w4_half2_gemv(x.x, self.quantized_weight(layer), layer.bias, self.workspace, pairs=x.pairs)
 
     def _apply_cuda(self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
         """Batch 1: the CUDA-core GEMV; 2-16 rows: the tensor-core W4A16 kernel; more (prefill, and decode

@@ -176,3 +176,45 @@ def test_fused_group_quantization(op, dtype, qdtype, rows):
     assert fused.scales.shape == (rows, -(-plain.shape[1] // group))
     assert torch.equal(fused.scales, scales)
     assert torch.equal(fused.codes.view(torch.uint8), codes.view(torch.uint8))
+
+
+def _half_pairs_of(y: torch.Tensor, x_div: float) -> torch.Tensor:
+    """The `HalfPairs` operand of y [rows, N] in torch: per word of eight, (y_p, y_{p+4}) / x_div in fp16
+    as int32, y_p in the low half."""
+    h = (y.float() / x_div).half().view(torch.int16).to(torch.int32) & 0xFFFF
+    h = h.view(y.shape[0], -1, 2, 4)
+    return (h[:, :, 0, :] | (h[:, :, 1, :] << 16)).reshape(y.shape[0], -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:2])
+@pytest.mark.parametrize("op", ["norm", "norm+residual", "silu"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fused_half_pairs(op, dtype, rows):
+    """RMSNorm and SiLU-and-mul that also write the int4 f16x2 GEMV's operand: the same output as without,
+    and pairs bit-identical to those made from that output (columns past a power of two, and SiLU rows
+    over several column blocks, included)."""
+    from qwick.kernels.elementwise import rms_norm, silu_and_mul
+    from qwick.kernels.row_gemv_half2 import X_DIV
+    from qwick.layers.linear import HalfPairs, PairedRows
+
+    dev = triton_device()
+    g = torch.Generator(device=dev).manual_seed(5)
+    want = HalfPairs(X_DIV)
+    if op == "silu":
+        x = torch.randn(rows, 2 * 2600, device=dev, generator=g).to(dtype) * 3
+        plain, fused = silu_and_mul(x), silu_and_mul(x, want)
+    else:
+        x = torch.randn(rows, 3584, device=dev, generator=g).to(dtype) * 2
+        weight = torch.randn(3584, device=dev, generator=g).to(dtype)
+        res = torch.randn(rows, 3584, device=dev, generator=g).to(dtype) if op == "norm+residual" else None
+        res_fused = None if res is None else res.clone()
+        plain = rms_norm(x, weight, 1e-6, residual=res)
+        fused = rms_norm(x, weight, 1e-6, residual=res_fused, quant=want)
+        if res is not None:
+            assert torch.equal(res_fused, res)
+    assert isinstance(fused, PairedRows)
+    assert torch.equal(fused.x, plain)
+    assert fused.pairs.dtype == torch.int32 and fused.pairs.shape == (rows, plain.shape[1] // 2)
+    assert torch.equal(fused.pairs, _half_pairs_of(plain, X_DIV))
+    with pytest.raises(ValueError, match="whole words"):
+        silu_and_mul(torch.randn(1, 2 * 100, device=dev).to(dtype), want)

@@ -110,6 +110,39 @@ def test_w4_row_gemv_matches_dequantized_matmul(n, k, form, kernel):
     assert int(ws.counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("n,k", SHAPES[:2])
+def test_f16x2_reads_pairs_made_by_the_producer(n, k):
+    """The `HalfPairs` operand written by RMSNorm (as the decoder makes it) instead of x: on a GPU the same
+    bits as pairing x in registers; under the interpreter, whose emulation reads x unrounded, within the
+    fp16 rounding of x / 64. Act-order weights (x gathered) and malformed pairs are refused."""
+    from qwick.kernels.elementwise import rms_norm
+    from qwick.kernels.row_gemv_half2 import X_DIV, w4_half2_gemv
+    from qwick.layers.linear import HalfPairs
+
+    dev = triton_device()
+    ws = gemv_workspace(dev)
+    act = torch.float16 if INTERPRET else torch.bfloat16
+    gen = torch.Generator().manual_seed(k)
+    qw = rtn.quantize(torch.randn(n, k, generator=gen) / k**0.5, group_size=128).to(dev)
+    h = torch.randn(1, k, generator=gen).to(dev, act) * 3
+    norm_w = torch.rand(k, generator=gen).to(dev, act) + 0.5
+    paired = rms_norm(h, norm_w, 1e-6, quant=HalfPairs(X_DIV))
+    b = torch.randn(n, device=dev, dtype=act)
+    want = w4_half2_gemv(paired.x, qw, b, ws)
+    got = w4_half2_gemv(paired.x, qw, b, ws, pairs=paired.pairs)
+    if INTERPRET:
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=2e-3)
+    else:
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="pairs must be"):
+        w4_half2_gemv(paired.x, qw, b, ws, pairs=paired.pairs[:, 1:])
+    order = torch.randperm(k, generator=gen)
+    act_order = gptq.quantize(torch.randn(n, k, generator=gen), 128, sym=True, act_order=order)
+    qw_act = gptq.to_internal(**act_order)
+    with pytest.raises(ValueError, match="act-order"):
+        w4_half2_gemv(paired.x, qw_act.to(dev), b, ws, pairs=paired.pairs)
+
+
 def test_f16x2_refusals():
     from qwick.kernels.row_gemv import RowGemvConfig
     from qwick.kernels.row_gemv_half2 import tile_words_for, w4_half2_gemv

@@ -263,3 +263,41 @@ def test_cuda_one_row_takes_the_f16x2_gemv(half2, monkeypatch):
         y = layer(x)
         assert y.shape == (m, 192) and ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
     assert calls == ["w4_half2_gemv" if half2 else "w4_row_gemv"] * 2
+
+
+def test_paired_input_is_asked_only_for_one_cuda_row(monkeypatch):
+    """`paired_input` on: the method asks the producer of its input for the f16x2 GEMV's operand only for
+    one row on CUDA (here: a CPU row and several rows get None, as does the switch off)."""
+    from qwick.layers.linear import HalfPairs
+
+    method = Int4Config().linear_method("model.layers.0.mlp.down_proj", ["x"])
+    layer = Linear(1024, 192, bias=True, method=method)
+    layer.weight.data.copy_(torch.randn(192, 1024) * 0.05)
+    method.process_weights_after_loading(layer)
+    monkeypatch.setattr(RtnInt4LinearMethod, "paired_input", True)
+    assert layer.input_quant(torch.randn(1, 1024).bfloat16()) is None  # the CPU
+    if torch.cuda.is_available():
+        layer = layer.cuda()
+        assert layer.input_quant(torch.randn(1, 1024, device="cuda").bfloat16()) == HalfPairs(64.0)
+        assert layer.input_quant(torch.randn(4, 1024, device="cuda").bfloat16()) is None
+        monkeypatch.setattr(RtnInt4LinearMethod, "paired_input", False)
+        assert layer.input_quant(torch.randn(1, 1024, device="cuda").bfloat16()) is None
+
+
+@pytest.mark.gpu
+def test_paired_input_gives_the_same_tokens(tmp_path, monkeypatch):
+    """Batch-1 int4 decode with the norms and SiLU writing the GEMV's pairs (`paired_input`) against the
+    GEMV pairing x itself: the same activations bit for bit, so the same greedy tokens (CUDA graphs on)."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    path = str(tmp_path / "m")
+    make_tiny_model("qwen2", path, **QUANTIZABLE_DIMS)
+    prompt = list(range(5, 40))
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outs = []
+    for paired in (False, True):
+        monkeypatch.setattr(RtnInt4LinearMethod, "paired_input", paired)
+        llm = LLM(path, quantization="int4", dtype="bfloat16", max_model_len=256, num_gpu_blocks_override=64)
+        outs.append(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+        del llm
+    assert outs[0] == outs[1]
