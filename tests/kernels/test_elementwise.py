@@ -95,6 +95,18 @@ def test_silu_and_mul_matches_reference(dtype, rows, inter):
 QUANT_DTYPES = [torch.int8] if INTERPRET else [torch.float8_e4m3fn, torch.int8]  # interpreter: see w8a8 tests
 
 
+def _norm_plain_and_fused(x, weight, res, quant):
+    """RMSNorm of x (+ res) without and with `quant`; both leave the same x + res in their residual."""
+    from qwick.kernels.elementwise import rms_norm
+
+    res_fused = None if res is None else res.clone()
+    plain = rms_norm(x, weight, 1e-6, residual=res)
+    fused = rms_norm(x, weight, 1e-6, residual=res_fused, quant=quant)
+    if res is not None:
+        assert torch.equal(res_fused, res)
+    return plain, fused
+
+
 @pytest.mark.parametrize("qdtype", QUANT_DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", ["norm", "norm+residual", "silu"])
@@ -107,7 +119,7 @@ def test_fused_row_quantization(op, dtype, qdtype, rows):
     the output agrees with the plain one to one rounding step. So it does in float32 at 20 rows too (seen
     on the H200 with the same launch shape for both; the compiled variants differ, the cause is not
     established); the codes are always those of the output they come with."""
-    from qwick.kernels.elementwise import rms_norm, silu_and_mul
+    from qwick.kernels.elementwise import silu_and_mul
     from qwick.layers.linear import QuantizedRows, RowQuant
     from qwick.quantization.w8a8 import _MIN_AMAX, qmax, quantize_per_token
 
@@ -126,11 +138,7 @@ def test_fused_row_quantization(op, dtype, qdtype, rows):
             res[1] = -x[1]  # x + residual = 0: an all-zero row
         else:
             x[1] = 0.0
-        res_fused = None if res is None else res.clone()
-        plain = rms_norm(x, weight, 1e-6, residual=res)
-        fused = rms_norm(x, weight, 1e-6, residual=res_fused, quant=quant)
-        if res is not None:
-            assert torch.equal(res_fused, res)
+        plain, fused = _norm_plain_and_fused(x, weight, res, quant)
     assert isinstance(fused, QuantizedRows)
     if op == "silu" or (rows > 16 and dtype != torch.float32):
         assert torch.equal(fused.x, plain)
@@ -193,7 +201,7 @@ def test_fused_half_pairs(op, dtype, rows):
     """RMSNorm and SiLU-and-mul that also write the int4 f16x2 GEMV's operand: the same output as without,
     and pairs bit-identical to those made from that output (columns past a power of two, and SiLU rows
     over several column blocks, included)."""
-    from qwick.kernels.elementwise import rms_norm, silu_and_mul
+    from qwick.kernels.elementwise import silu_and_mul
     from qwick.kernels.row_gemv_half2 import X_DIV
     from qwick.layers.linear import HalfPairs, PairedRows
 
@@ -207,11 +215,7 @@ def test_fused_half_pairs(op, dtype, rows):
         x = torch.randn(rows, 3584, device=dev, generator=g).to(dtype) * 2
         weight = torch.randn(3584, device=dev, generator=g).to(dtype)
         res = torch.randn(rows, 3584, device=dev, generator=g).to(dtype) if op == "norm+residual" else None
-        res_fused = None if res is None else res.clone()
-        plain = rms_norm(x, weight, 1e-6, residual=res)
-        fused = rms_norm(x, weight, 1e-6, residual=res_fused, quant=want)
-        if res is not None:
-            assert torch.equal(res_fused, res)
+        plain, fused = _norm_plain_and_fused(x, weight, res, want)
     assert isinstance(fused, PairedRows)
     assert torch.equal(fused.x, plain)
     assert fused.pairs.dtype == torch.int32 and fused.pairs.shape == (rows, plain.shape[1] // 2)
