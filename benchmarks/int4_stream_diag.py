@@ -69,15 +69,16 @@ def _half2_tile_dot(words, xp_ptr, j, z, ASM: tl.constexpr):
     xd0, xd1, xd2, xd3 = split4(pd.reshape(C, 2, 2))
     w0, w1, w2, w3 = split4(words.reshape(BLOCK_N, C, 2, 2))
     zh = (z + 1024.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    nz = (-(z + 64.0)).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     return tl.inline_asm_elementwise(
         ASM,
-        "=r" + ",r" * 21,
+        "=r" + ",r" * 22,
         [w0, w1, w2, w3,
          xa0[None, :], xb0[None, :], xc0[None, :], xd0[None, :],
          xa1[None, :], xb1[None, :], xc1[None, :], xd1[None, :],
          xa2[None, :], xb2[None, :], xc2[None, :], xd2[None, :],
          xa3[None, :], xb3[None, :], xc3[None, :], xd3[None, :],
-         (zh | (zh << 16))[:, None]],
+         (zh | (zh << 16))[:, None], (nz | (nz << 16))[:, None]],
         dtype=tl.float32,
         is_pure=True,
         pack=1,

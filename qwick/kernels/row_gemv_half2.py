@@ -2,13 +2,14 @@
 
 At batch 1 the fp32 row GEMV spends ~5 instructions per code and keeps too few warps resident to hide
 their latency: Nsight Compute has it issue-bound at ~40 us on the qwen2.5-7b gate/up (1.7 TB/s of codes).
-Here two codes become one f16x2 value in one `lop3`: `(w >> 4p) & 0x000F000F | 0x64006400` reads as the
-pair (1024 + q_p, 1024 + q_{p+4}), so for the four shifts p of a word, `sub.f16x2` removes (1024 + z)
-exactly (small integers) and `fma.rn.f16x2` multiplies by the matching pair of activations and accumulates:
-15 instructions per word of eight codes. The default (`ONE_SHIFT`) reads the odd nibbles in place,
-`w & 0x00F000F0 | 0x64006400` = (1024 + 16 q, ...), and one `fma` by 1/16 with -(64 + z) gives q - z: one
-shift per word, 13 instructions (+1.2% batch-1 int4 decode on the H200). Four words (32 products) are
-summed in fp16, then in fp32, and scaled by their group's scale in fp32.
+Here two codes become one f16x2 value in one `lop3`: `w & 0x000F000F | 0x64006400` reads as the pair
+(1024 + q_0, 1024 + q_4), and `sub.f16x2` removes (1024 + z) exactly (small integers); the odd nibbles are
+read in place, `w & 0x00F000F0 | 0x64006400` = (1024 + 16 q_1, 1024 + 16 q_5), and one `fma` by 1/16 with
+-(64 + z) gives q - z; the word shifted by 8 gives q_2, q_6 and q_3, q_7 the same way. Each pair is then
+multiplied by the matching pair of activations and accumulated (`fma.rn.f16x2`): 13 instructions per word
+of eight codes (15 with three shifts, one per nibble pair: 412.2 against 417.2 tok/s of batch-1 int4
+decode on the H200, ninth session of 12-01). Four words (32 products) are summed in fp16, then in fp32,
+and scaled by their group's scale in fp32.
 
 Tiles are 32 words (256 codes) of each of 64 rows, several groups wide: per-iteration costs (scale loads,
 loop control) halve against one-group tiles, and that is most of the gain (the f16x2 decoding alone, at
@@ -49,32 +50,23 @@ _X_DIV = tl.constexpr(X_DIV)
 TILE_WORDS = 32  # 256 codes of a row per tile
 
 
-def _dot4_asm(one_shift: bool = False) -> str:
-    """PTX: four words ($1-$4), their 16 activation pairs ($5 + 4 * word + shift), the row's f16x2
-    (1024 + z, 1024 + z) ($21) -> the fp32 sum of the 32 products ($0).
-
-    `one_shift`: the odd nibbles are read in place, `(w & 0x00F000F0) | 0x64006400` = (1024 + 16 q_p, ...),
-    and `fma.rn.f16x2 d, v, 1/16, -(64 + z)` ($22) gives q_p - z exactly: one shift per word (by 8) instead
-    of three, 13 instructions per word instead of 15."""
+def _dot4_asm() -> str:
+    """PTX: four words ($1-$4), their 16 activation pairs ($5 + 4 * word + p), the row's f16x2
+    (1024 + z, 1024 + z) ($21) and -(64 + z, 64 + z) ($22) -> the fp32 sum of the 32 products ($0).
+    Pair p of a word is nibbles (p, p + 4): p even from the low nibble of a byte, p odd from the high one
+    (kept in place, scaled by 1/16), p >= 2 from the word shifted by 8."""
     lines = ["{", ".reg .b32 t, v, d, acc, s16;", ".reg .b16 lo, hi;", ".reg .f32 fa, fb;", "mov.b32 acc, 0;"]
-    if one_shift:
-        lines.append("mov.b32 s16, 0x2C002C00;")  # (1/16, 1/16) in fp16
+    lines.append("mov.b32 s16, 0x2C002C00;")  # (1/16, 1/16) in fp16
     for k in range(4):
         for p in range(4):
             src = f"${1 + k}"
-            if one_shift:
-                if p == 2:
-                    lines.append(f"shr.u32 t, {src}, 8;")
-                src = "t" if p >= 2 else src
-                mask = "0x00F000F0" if p % 2 else "0x000F000F"
-            else:
-                if p:
-                    lines.append(f"shr.u32 t, {src}, {4 * p};")
-                    src = "t"
-                mask = "0x000F000F"
+            if p == 2:
+                lines.append(f"shr.u32 t, {src}, 8;")
+            src = "t" if p >= 2 else src
+            mask = "0x00F000F0" if p % 2 else "0x000F000F"
             lines.append(f"lop3.b32 v, {src}, {mask}, 0x64006400, 0xEA;")  # (a & b) | c
-            if one_shift and p % 2:
-                lines.append("fma.rn.f16x2 d, v, s16, $22;")
+            if p % 2:
+                lines.append("fma.rn.f16x2 d, v, s16, $22;")  # (1024 + 16 q) / 16 - (64 + z) = q - z
             else:
                 lines.append("sub.f16x2 d, v, $21;")
             lines.append(f"fma.rn.f16x2 acc, d, ${5 + 4 * k + p}, acc;")
@@ -109,10 +101,6 @@ def _xpairs_f16_asm() -> str:
 
 
 DOT4_ASM = _dot4_asm()
-DOT4_ONE_SHIFT_ASM = _dot4_asm(one_shift=True)
-# Which decoding the kernel uses (`_dot4_asm`). One shift per word, measured on the H200 (ninth session of
-# 12-01 in BENCHMARKS.md): batch-1 int4 decode 417.2 against 412.2 tok/s in one call, GPU tests passed.
-ONE_SHIFT = True
 XPAIRS_BF16_ASM = _xpairs_bf16_asm()
 XPAIRS_F16_ASM = _xpairs_f16_asm()
 PAIRED = tl.constexpr("paired")  # XPAIRS when x is already the pairs (`HalfPairs`), not 16-bit values
@@ -133,7 +121,7 @@ def _f16_bits(v):
 
 
 @triton.jit
-def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.constexpr, ONE_SHIFT: tl.constexpr):
+def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.constexpr):
     """[BLOCK_N, C] sums of 32 products (q - z) * x / X_DIV, four words of a row (a quad) per element.
     words [BLOCK_N, 4 * C], cols [C, 4] their word indices, z [BLOCK_N, C] the zero points; x_ptr the
     16-bit activations, which XPAIRS turns into the f16x2 pairs (x_p, x_{p+4}) / X_DIV of each word."""
@@ -154,24 +142,13 @@ def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.conste
     BLOCK_N: tl.constexpr = words.shape[0]
     w0, w1, w2, w3 = split4(words.reshape(BLOCK_N, C, 2, 2))
     zh = _f16_bits(z + 1024.0)
-    if ONE_SHIFT:
-        nz = _f16_bits(-(z + 64.0))
-        return tl.inline_asm_elementwise(
-            DOT4,
-            "=r" + ",r" * 22,
-            [w0, w1, w2, w3,
-             x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
-             zh | (zh << 16), nz | (nz << 16)],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=1,
-        )  # fmt: skip
+    nz = _f16_bits(-(z + 64.0))
     return tl.inline_asm_elementwise(
         DOT4,
-        "=r" + ",r" * 21,
+        "=r" + ",r" * 22,
         [w0, w1, w2, w3,
          x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
-         zh | (zh << 16)],
+         zh | (zh << 16), nz | (nz << 16)],
         dtype=tl.float32,
         is_pure=True,
         pack=1,
@@ -240,7 +217,6 @@ def _w4_half2_kernel(
     BLOCK_W: tl.constexpr,
     XPAIRS: tl.constexpr,
     DOT4: tl.constexpr,
-    ONE_SHIFT: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); tiles of BLOCK_W words of
@@ -260,7 +236,7 @@ def _w4_half2_kernel(
         if EMULATE:
             part = _tile_dot_emulated(words, x_ptr, cols, z, XPAIRS == PAIRED)
         else:
-            part = _tile_dot_half2(words, x_ptr, cols, z, XPAIRS, DOT4, ONE_SHIFT)
+            part = _tile_dot_half2(words, x_ptr, cols, z, XPAIRS, DOT4)
         acc += s * part
     acc *= _X_DIV
     _row_epilogue(
@@ -335,8 +311,7 @@ def w4_half2_gemv(
         BLOCK_N=cfg.block_n,
         BLOCK_W=cfg.block_k,
         XPAIRS=xpairs,
-        DOT4=DOT4_ONE_SHIFT_ASM if ONE_SHIFT else DOT4_ASM,
-        ONE_SHIFT=ONE_SHIFT,
+        DOT4=DOT4_ASM,
         EMULATE=EMULATE,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
