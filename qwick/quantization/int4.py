@@ -165,8 +165,8 @@ class PackedLinearMethod(LinearMethod):
             return None
         from qwick.kernels.row_gemv_half2 import X_DIV, w4_half2_supported
 
-        weight = self.quantized_weight(layer)
-        if weight.perm is not None or x.shape[1] % 8 or not w4_half2_supported(weight, x):
+        weight = self.quantized_weight(layer)  # (K, a multiple of its 64-256 groups, is whole words)
+        if weight.perm is not None or not w4_half2_supported(weight, x):
             return None
         return HalfPairs(X_DIV)
 
