@@ -27,7 +27,7 @@
 #   bash benchmarks/gpu_session.sh defer     # decoding deferred to the end for `generate`'s final-only outputs:
 #                                            # workload 3 in bf16 with it and without, the gaps, fp8
 #   bash benchmarks/gpu_session.sh pairs     # int4 batch 1 with the norms and SiLU writing the f16x2 GEMV's
-#                                            # activation pairs (`paired_input`, off): its GPU tests, batch 1
+#                                            # activation pairs (`paired_input`, on): its GPU tests, batch 1
 #                                            # with it and without
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #                                            # (loads, scales, activations, decoding) beside a copy
@@ -201,12 +201,12 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
   pairs)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py tests/kernels/test_elementwise.py \
       tests/quantization/test_int4_on_the_fly.py -k "pairs or paired or f16x2 or nibble or row_gemv" 2>&1 | tail -2
-    PAIRED="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.paired_input = True; \
+    UNPAIRED="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.paired_input = False; \
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for i in 1 2; do
       run "lat_int4_$i" $LAT --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/lat_int4_$i.json"
-      run "lat_int4_paired_$i" python -c "$PAIRED" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b \
-        $SHORT --quantization int4 --output-json "$OUT/lat_int4_paired_$i.json"
+      run "lat_int4_unpaired_$i" python -c "$UNPAIRED" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b \
+        $SHORT --quantization int4 --output-json "$OUT/lat_int4_unpaired_$i.json"
     done
     ;;
   int4diag)
