@@ -186,19 +186,10 @@ class ModelRunner:
         so that Triton compiles none of them on a user's request (each compile costs 0.3-1 s of TTFT):
         the prefill attention at its two tile shapes (short and long queries), the fp8 mid-M GEMM's two
         K splits (17-64 and 65-128 rows), the LM head's skinny GEMM at every decode batch size, and the
-        sampling kernels; and every prompt length the whole-prompt SDPA pads to, so that cuDNN plans none
-        on a request either (37-58 ms each). Writes only to the null block."""
+        sampling kernels. Writes only to the null block."""
         t0 = time.perf_counter()
         for tokens in (16, 17, 65, 160):
             hidden = self._null_forward([min(tokens, self.max_model_len)])
-        warm_up_prefill = getattr(self.backend, "warm_up_prefill", None)
-        if warm_up_prefill is not None:
-            layer = self.model.attention_layers()[0]
-            longest = min(default_max_num_batched_tokens(self.config, self.max_model_len), self.max_model_len)
-            lengths = warm_up_prefill(
-                layer.num_heads, layer.num_kv_heads, layer.head_dim, self.dtype, longest
-            )
-            logger.info("planned whole-prompt attention at %d prompt lengths", lengths)
         for m in range(1, min(16, self.config.max_num_seqs, hidden.shape[0]) + 1):
             self.model.compute_logits(hidden[:m])
         self.sampler.warm_up(self.vocab_size, self.device, self.dtype)

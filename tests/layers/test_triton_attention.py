@@ -289,59 +289,11 @@ def test_float32_and_small_head_dims(dtype):
         run_case(specs, head_dim=head_dim, group=2, num_kv_heads=2, dtype=dtype, block_size=4)
 
 
-@pytest.mark.parametrize("min_tokens", [512, None], ids=["sdpa", "paged"])
 @pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS[:3], ids=HEAD_IDS[:3])
-def test_long_prompts_beside_decode_rows(min_tokens, head_dim, group, num_kv_heads, dtype, monkeypatch):
-    """Whole prompts of 600 and 2048 tokens (many query tiles) in one step with decode rows: on CUDA through
-    torch's SDPA (`sdpa_prefill`, each padded to a 256-token multiple), or with `SDPA_MIN_TOKENS` None (and
-    under the interpreter) through the paged extend kernel; both match the reference."""
-    from qwick.layers.attention import sdpa_prefill, triton_backend
-
-    calls = []
-    real = sdpa_prefill.causal_prefill_sdpa
-    monkeypatch.setattr(triton_backend, "SDPA_MIN_TOKENS", min_tokens)
-    monkeypatch.setattr(sdpa_prefill, "causal_prefill_sdpa", lambda *a: calls.append(a[4]) or real(*a))
+def test_long_prompts_beside_decode_rows(head_dim, group, num_kv_heads, dtype):
+    """Whole prompts of 600 and 2048 tokens (many query tiles) in one step with decode rows."""
     specs = [(0, 600), (70, 1), (0, 2048), (5, 1)]
     run_case(specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
-    assert calls == ([] if INTERPRET or min_tokens is None else [[(0, 600), (601, 2048)]])
-
-
-def test_whole_prompts_through_sdpa_rotate_k_first():
-    """With RoPE in the step, whole prompts through SDPA (`sdpa_prefill`) get the output and cache that the
-    paged kernel with RoPE fused into the KV write gives: the fused kernel leaves the k input unrotated, so
-    the SDPA route rotates q and k first (otherwise attention would read unrotated keys)."""
-    if INTERPRET:
-        pytest.fail("GPU-only: the SDPA route is taken for CUDA tensors")
-    from qwick.layers.rotary import RopeStep
-
-    device = triton_device()
-    heads, kv_heads, head_dim, block_size = 28, 4, 128, 16
-    specs = [(0, 700), (0, 37)]
-    rows, num_blocks = _make_rows(specs, block_size, random.Random(0))
-    tokens = sum(n for _, n in specs)
-    positions = torch.cat([torch.arange(n) for _, n in specs]).to(device)
-    inv = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-    emb = torch.arange(4096, dtype=torch.float)[:, None] * inv[None, :]
-    emb = torch.cat((emb, emb), dim=-1)
-    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
-    torch.manual_seed(0)
-    qkv = torch.randn(tokens, sum(sizes), device=device).bfloat16()
-    outs, caches = [], []
-    for min_tokens in (32, None):
-        tri = _backend(block_size, device)
-        tri.sdpa_min_tokens, tri.sdpa_bucket = min_tokens, 64
-        q, k, v = (x.view(tokens, -1, head_dim) for x in qkv.clone().split(sizes, dim=-1))
-        rope = RopeStep(positions, emb.cos().to(device), emb.sin().to(device))
-        assert tri.fuses_rope(q, k, v, rope)
-        cache = torch.zeros(2, num_blocks, block_size, kv_heads, head_dim, device=device).bfloat16()
-        md = tri.build_metadata(rows)
-        outs.append(tri.forward(q, k, v, cache, md, scale=head_dim**-0.5, sliding_window=None, rope=rope))
-        caches.append(cache)
-        assert (md.plan["triton"].whole_prompts.get("sdpa") is not None) == (min_tokens is not None)
-    ulp = torch.finfo(torch.bfloat16).eps
-    scale = caches[1].float().abs().max().item()
-    torch.testing.assert_close(caches[0].float(), caches[1].float(), rtol=ulp, atol=ulp * scale)
-    torch.testing.assert_close(outs[0].float(), outs[1].float(), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("context", [8192, 32768])

@@ -18,7 +18,10 @@ which is built once on the host from the scheduler's lists and shared by every l
   cached context, and a sliding window moves the first key tile forward. (torch's SDPA on whole prompts
   was tried on the H200: flash attention ran no faster than this kernel in a 2048-token TTFT, 47.1 against
   46.4 ms, and cuDNN, faster per call, plans every new prompt length for 37-58 ms:
-  `benchmarks/sdpa_new_lengths.py`.)
+  `benchmarks/sdpa_new_lengths.py`. Tried again with prompts padded to 256-token buckets and every bucket
+  planned at startup (commit `b183115`): cuDNN's attention took 2.11 ms of a 2048-token prefill against
+  this kernel's 3.52, but the TTFT was 47.44 against 46.35 ms, startup 19.0 against 11.2 s, and new
+  lengths still ran slower.)
 
 A mixed step runs both attention kernels over disjoint sets of rows, writing disjoint output tokens.
 Softmax is computed in fp32 with exp2; P is cast to the KV dtype for the P@V product, as flash attention
@@ -46,7 +49,6 @@ import triton.language as tl
 
 from qwick.device_upload import to_device
 from qwick.kernels.elementwise import rope_tables, rotate_halves
-from qwick.layers.attention import sdpa_prefill
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
@@ -71,12 +73,6 @@ LONGEST_FIRST = True
 # device: one launch per layer fewer. Measured on the H200 (ninth session of 12-01 in BENCHMARKS.md):
 # batch-1 decode bf16 235.2 against 233.4 tok/s, int4 410.9 against 405.9; a 2048-token TTFT unchanged.
 FUSE_ROPE = True
-# Steps whose multi-token rows are all whole prompts of at least this many tokens (nothing cached, no
-# sliding window, a 16-bit cache) run those rows through torch's SDPA (`sdpa_prefill`: cuDNN on the H200),
-# each padded to a multiple of SDPA_BUCKET tokens so that cuDNN plans a bounded set of lengths, all at
-# startup (`warm_up_prefill`). None: the paged extend kernel for every row.
-SDPA_MIN_TOKENS: int | None = 512
-SDPA_BUCKET = 256
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
 # real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
@@ -529,7 +525,6 @@ class _TritonPlan:
     extend_rows: list[tuple[int, int]]  # (row, query tokens) of rows with several queries
     tiles: dict = field(default_factory=dict)  # BLOCK_M -> [num_tiles, 2] int32: (row, first query)
     buffers: dict = field(default_factory=dict)  # (heads, head_dim, splits) -> (mid_o, mid_lse)
-    whole_prompts: dict = field(default_factory=dict)  # "sdpa" -> `_whole_prompts`' answer, once per step
 
 
 def _pow2(x: int, lo: int = 1) -> int:
@@ -586,8 +581,6 @@ class TritonAttentionBackend(AttentionBackend):
         self.extend_config: dict | None = None
         self.longest_first = LONGEST_FIRST
         self.fuse_rope = FUSE_ROPE
-        self.sdpa_min_tokens = SDPA_MIN_TOKENS
-        self.sdpa_bucket = SDPA_BUCKET
 
     # ---- tuning --------------------------------------------------------------------------------------
     def _decode_cfg(self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int) -> dict:
@@ -793,10 +786,7 @@ class TritonAttentionBackend(AttentionBackend):
         fp8 = is_fp8_kv(kv_cache.dtype)
         if not fp8:
             k_scale = v_scale = 1.0  # scales belong to fp8 caches only
-        plan = self._plan(metadata)
-        prompts = self._whole_prompts(q, metadata, plan, fp8, sliding_window)
-        # The fused kernel leaves k unrotated, and SDPA reads k as it is: whole prompts rotate it first.
-        if rope is not None and prompts is None and self.fuses_rope(q, k, v, rope):
+        if rope is not None and self.fuses_rope(q, k, v, rope):
             self.write_kv_rope(q, k, v, kv_cache, metadata.slot_mapping, rope, k_scale, v_scale)
         else:
             if rope is not None:
@@ -804,42 +794,15 @@ class TritonAttentionBackend(AttentionBackend):
             self.write_kv(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         if q.stride(2) != 1:
             q = q.contiguous()
+        plan = self._plan(metadata)
         out = torch.empty_like(q)
         # k_scale folds into the softmax scale (q.(k_fp8 * s) = s * q.k_fp8); v_scale scales the output.
         qk_scale_log2 = float(scale) * LOG2E * (float(k_scale) if fp8 else 1.0)
         if plan.num_decode:
             self._decode(q, kv_cache, out, metadata, plan, qk_scale_log2, float(v_scale), sliding_window)
-        if prompts is not None:
-            sdpa_prefill.causal_prefill_sdpa(q, k, v, out, prompts, scale, self.sdpa_bucket)
-        elif plan.extend_rows:
+        if plan.extend_rows:
             self._extend(q, kv_cache, out, metadata, plan, qk_scale_log2, float(v_scale), sliding_window)
         return out
-
-    def _whole_prompts(self, q, md, plan, fp8, sliding_window) -> list[tuple[int, int]] | None:
-        """The rows for `sdpa_prefill`, when every multi-token row is a whole prompt of at least
-        `sdpa_min_tokens` on CUDA (a 16-bit cache, no window); otherwise None. Once per step."""
-        if self.sdpa_min_tokens is None or not plan.extend_rows or not q.is_cuda:
-            return None
-        if fp8 or sliding_window or q.dtype not in (torch.bfloat16, torch.float16):
-            return None
-        if "sdpa" not in plan.whole_prompts:
-            rows = sdpa_prefill.whole_prompt_rows(md, plan.extend_rows, self.sdpa_min_tokens)
-            plan.whole_prompts["sdpa"] = rows
-        return plan.whole_prompts["sdpa"]
-
-    def warm_up_prefill(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, max_tokens: int
-    ) -> int:
-        """Plan the whole-prompt SDPA at every padded length up to `max_tokens` (the most one step
-        schedules), so that no user's prompt waits 37-58 ms for cuDNN. Returns the number of lengths."""
-        if self.sdpa_min_tokens is None or self.device.type != "cuda" or max_tokens < self.sdpa_min_tokens:
-            return 0
-        if dtype not in (torch.bfloat16, torch.float16):
-            return 0
-        return sdpa_prefill.warm_up(
-            num_heads, num_kv_heads, head_dim, dtype, self.device, self.sdpa_min_tokens, max_tokens,
-            self.sdpa_bucket,
-        )  # fmt: skip
 
     def _decode(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window) -> None:
         num_heads, head_dim = q.shape[1], q.shape[2]
