@@ -12,7 +12,6 @@ lengths, per GEMM shape and for the whole time to first token.
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +44,8 @@ for m in MS:
     cells = "".join(f"{u:9.1f} {2 * m * n * k / u / 1e6:5.0f}T" for u, (n, k) in zip(us, SHAPES.values()))
     print(f"{m:5d} {cells}   {sum(us):7.1f} {sum(us) * 28 / 1e3:6.2f}", flush=True)
 
-from qwick import LLM, SamplingParams  # noqa: E402
+from qwick import LLM  # noqa: E402
+from qwick.bench.engine_bench import first_token_seconds  # noqa: E402
 from qwick.bench.shapes import model_dir_for_shape  # noqa: E402
 
 llm = LLM(
@@ -56,16 +56,7 @@ g = torch.Generator().manual_seed(0)
 
 
 def ttft_ms(length: int) -> float:
-    eng.add_request(
-        torch.randint(100, 150000, (length,), generator=g).tolist(),
-        SamplingParams(max_tokens=1, temperature=0, ignore_eos=True),
-    )
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    while eng.has_unfinished_requests():
-        eng.step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) * 1e3
+    return 1e3 * first_token_seconds(eng, torch.randint(100, 150000, (length,), generator=g).tolist())
 
 
 for _ in range(3):

@@ -15,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.getcwd())
 from qwick import LLM, SamplingParams  # noqa: E402
+from qwick.bench.engine_bench import first_token_seconds  # noqa: E402
 from qwick.bench.shapes import model_dir_for_shape  # noqa: E402
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-7b"
@@ -31,16 +32,7 @@ g = torch.Generator().manual_seed(0)
 
 def first_token_s(length: int = n) -> float:
     """One prompt, one output token: the time of the engine steps until it is out."""
-    eng.add_request(
-        torch.randint(100, 150000, (length,), generator=g).tolist(),
-        SamplingParams(max_tokens=1, temperature=0, ignore_eos=True),
-    )
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    while eng.has_unfinished_requests():
-        eng.step()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t
+    return first_token_seconds(eng, torch.randint(100, 150000, (length,), generator=g).tolist())
 
 
 for _ in range(3):

@@ -114,3 +114,20 @@ def throughput(
         "total_tokens_per_s": (generated + prompt_tokens) / seconds,
         "requests_per_s": len(requests) / seconds,
     }
+
+
+def first_token_seconds(engine, prompt_token_ids: list[int]) -> float:
+    """Time to first token of one greedy prompt on an idle `LLMEngine`: the engine steps from the request's
+    addition until it is done (one output token), between device synchronizations."""
+    import torch
+
+    engine.add_request(prompt_token_ids, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
