@@ -1,5 +1,5 @@
-"""Why a prompt length the engine has not seen before costs more: the 2048-token prefill against nearby
-lengths, per GEMM shape and for the whole time to first token.
+"""Whether a prompt length the engine has not seen before costs more: the 2048-token prefill against
+nearby lengths, per GEMM shape and for the whole time to first token.
 
 1. Each qwen2.5-7b prefill GEMM through `F.linear` (cuBLAS), bf16, at M = 2048 and nearby M (CUDA events
    around 20 back-to-back calls, median of 5), and TFLOP/s.

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 from qwick.bench.workloads import BenchRequest
 from qwick.entrypoints.llm import LLM
 from qwick.sampling_params import SamplingParams, StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from qwick.engine.llm_engine import LLMEngine
 
 # The schema of `--structured`: records with nested arrays, enums, bounded numbers and patterned strings.
 # `minItems` is out of reach, so the grammar never completes and every request makes exactly its
@@ -116,7 +120,7 @@ def throughput(
     }
 
 
-def first_token_seconds(engine, prompt_token_ids: list[int]) -> float:
+def first_token_seconds(engine: LLMEngine, prompt_token_ids: list[int]) -> float:
     """Time to first token of one greedy prompt on an idle `LLMEngine`: the engine steps from the request's
     addition until it is done (one output token), between device synchronizations."""
     import torch
