@@ -33,6 +33,10 @@
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
 #                                            # the attention bench in both, workload 3 and 32k with HND
+#   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
+#                                            # (`ModelRunner.sampled_rows_only`, on): its GPU tests, the
+#                                            # 2048-token TTFT and workload 3 with it and without, greedy
+#                                            # tokens against transformers, TTFT beside transformers
 #
 # On the project's device machine, install the wheels the server side needs first (carry .whl along):
 #   python -m pip install -q --no-deps .whl/*.whl
@@ -209,11 +213,30 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         $SHORT --quantization int4 --output-json "$OUT/lat_int4_unpaired_$i.json"
     done
     ;;
+  outrows)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/layers/attention/test_output_rows.py \
+      tests/runner/test_no_compiles_while_serving.py tests/runner/test_cuda_graphs.py tests/models 2>&1 | tail -3
+    ALL="import sys; from qwick.runner.model_runner import ModelRunner as R; i = R.__init__; \
+R.__init__ = lambda s, *a, **k: (i(s, *a, **k), setattr(s, 'sampled_rows_only', False))[0]; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    TTFT="--shape qwen2.5-7b --max-model-len 4096 --input-len 2048 --output-len 2 --num-iters 7"
+    for i in 1 2; do
+      run "ttft2048_$i" $CLI bench latency $TTFT --output-json "$OUT/ttft2048_$i.json"
+      run "ttft2048_all_rows_$i" python -c "$ALL" bench latency $TTFT --output-json "$OUT/ttft2048_all_$i.json"
+    done
+    run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
+    run tput_bf16_all_rows python -c "$ALL" ${TPUT#python -m qwick.entrypoints.cli } \
+      --output-json "$OUT/tput_bf16_all_rows.json"
+    python benchmarks/greedy_vs_transformers.py 2>&1 | grep -E "^(quantization|prompt)" | tee "$OUT/models.log"
+    run ttft2048_vs_hf $CLI bench latency --num-iters 3 --shape qwen2.5-7b --max-model-len 4096 --input-len 2048 \
+      --output-len 2 --gpu-memory-utilization 0.5 --compare-transformers --output-json "$OUT/ttft2048_vs_hf.json"
+    grep -A4 '"transformers"' "$OUT/ttft2048_vs_hf.json" | head -5
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows" >&2
     exit 2
     ;;
 esac

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from qwick.layers.activation import SiluAndMul
+from qwick.layers.attention.backend import OutputRows
 from qwick.layers.attention.layer import Attention
 from qwick.layers.linear import Linear, LinearMethod, PairedRows, QuantizedRows, VocabEmbedding
 from qwick.layers.norm import RMSNorm
@@ -87,14 +88,22 @@ class DecoderAttention(nn.Module):
             _sliding_window(config, layer_idx),
         )
 
-    def forward(self, rope: RopeStep, x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
+    def forward(
+        self,
+        rope: RopeStep,
+        x: torch.Tensor | QuantizedRows | PairedRows,
+        output_rows: OutputRows | None = None,
+    ) -> torch.Tensor:
+        """Every token's keys and values go into the cache; the output is every token's, or only the
+        `output_rows`' ones."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        out = self.attn(q.flatten(1), k.flatten(1), v, rope)  # the backend rotates q, k (with its KV write)
+        # The backend rotates q and k (with its KV write).
+        out = self.attn(q.flatten(1), k.flatten(1), v, rope, output_rows)
         return self.o_proj(out)
 
 
@@ -152,8 +161,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, rope: RopeStep, x: torch.Tensor, residual: torch.Tensor | None
+        self,
+        rope: RopeStep,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        output_rows: OutputRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer over the step's tokens; with `output_rows`, only those tokens leave it (all of them
+        still fill the KV cache)."""
         # The norms write the codes of the projections that quantize their input per token (W8A8 on GPUs).
         quant = self.self_attn.qkv_proj.input_quant(x)
         if residual is None:
@@ -161,7 +176,9 @@ class DecoderLayer(nn.Module):
             h = self.input_layernorm(x, quant=quant)
         else:
             h, residual = self.input_layernorm(x, residual, quant=quant)
-        x = self.self_attn(rope, h)
+        x = self.self_attn(rope, h, output_rows)
+        if output_rows is not None:
+            residual = residual[output_rows.index]
         quant = self.mlp.gate_up_proj.input_quant(x)
         h, residual = self.post_attention_layernorm(x, residual, quant=quant)
         return self.mlp(h), residual
@@ -184,12 +201,21 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, output_rows: OutputRows | None = None
+    ) -> torch.Tensor:
+        """Final hidden states of every token, or of the `output_rows` only (in their order).
+
+        Only the tokens that sample need the last layer's output: the others need its keys and values,
+        nothing after them. So with output rows, the last layer attends, projects and runs its MLP for
+        those tokens alone (a prompt's last token instead of all of them: at qwen2.5-7b shapes about a
+        28th of a prefill's work)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary(positions, x.dtype)
         residual = None
-        for layer in self.layers:
-            x, residual = layer(rope, x, residual)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(rope, x, residual, output_rows if i == last else None)
         x, _ = self.norm(x, residual)
         return x
 
@@ -240,8 +266,10 @@ class DecoderForCausalLM(nn.Module):
     def flags_for(cls, config: PretrainedConfig) -> DecoderFlags:
         return cls.flags
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, output_rows: OutputRows | None = None
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, output_rows)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model's dtype (as the LM head's matmul writes them): the sampler converts them to

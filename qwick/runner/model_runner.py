@@ -22,6 +22,7 @@ from qwick.forward_context import set_forward_context
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionRow,
+    OutputRows,
     is_fp8_kv,
     kv_cache_tensor,
     kv_cache_torch_dtype,
@@ -133,6 +134,9 @@ class ModelRunner:
         # rows scheduled before those ids reach the host (async scheduling).
         self._prev_sampled: torch.Tensor | None = None
         self._prev_rows: dict[str, int] = {}
+        # Eager steps run the model's last layer past its KV write only for the tokens that sample
+        # (`OutputRows`); off, every token goes through the whole model (for A/B measurements).
+        self.sampled_rows_only = True
         self.graph_reserve_bytes = 0  # set by the GPU memory profile when graphs are on
         self.num_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_blocks)
@@ -184,12 +188,14 @@ class ModelRunner:
     def _compile_serving_kernels(self) -> None:
         """Run once, at startup, every kernel variant that serving can reach outside the captured graphs,
         so that Triton compiles none of them on a user's request (each compile costs 0.3-1 s of TTFT):
-        the prefill attention at its two tile shapes (short and long queries), the fp8 mid-M GEMM's two
+        the prefill attention at its two tile shapes (short and long queries), prefills whose last layer
+        runs only the last token (decode attention outside the graphs), the fp8 mid-M GEMM's two
         K splits (17-64 and 65-128 rows), the LM head's skinny GEMM at every decode batch size, and the
         sampling kernels. Writes only to the null block."""
         t0 = time.perf_counter()
         for tokens in (16, 17, 65, 160):
             hidden = self._null_forward([min(tokens, self.max_model_len)])
+            self._null_forward([min(tokens, self.max_model_len)], last_tokens_only=True)
         for m in range(1, min(16, self.config.max_num_seqs, hidden.shape[0]) + 1):
             self.model.compute_logits(hidden[:m])
         self.sampler.warm_up(self.vocab_size, self.device, self.dtype)
@@ -320,16 +326,24 @@ class ModelRunner:
         meta = SamplingMetadata.worst_case(num_rows, self.vocab_size, max_len, self.device)
         Sampler(seed=0)(logits, meta)  # its own generator: the engine's random stream stays untouched
 
-    def _null_forward(self, lengths: list[int]) -> torch.Tensor:
+    def _null_forward(self, lengths: list[int], last_tokens_only: bool = False) -> torch.Tensor:
         """A forward of whole prompts of these lengths (token id 0) whose keys and values all land in the
-        null block: for warm-ups and memory profiles, which need the kernels and the memory, not the cache."""
+        null block: for warm-ups and memory profiles, which need the kernels and the memory, not the cache.
+        `last_tokens_only`: only each prompt's last token leaves the last layer, as in serving."""
         blocks = [[0] * ((n + self.block_size - 1) // self.block_size) for n in lengths]
-        md = self.backend.build_metadata([AttentionRow(0, n, b) for n, b in zip(lengths, blocks)])
+        rows = [AttentionRow(0, n, b) for n, b in zip(lengths, blocks)]
+        md = self.backend.build_metadata(rows)
         md.slot_mapping.zero_()
         ids = torch.zeros(sum(lengths), dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])
+        out = None
+        if last_tokens_only:
+            ends = np.cumsum(lengths) - 1
+            out = OutputRows(
+                self.backend, ends.tolist(), [AttentionRow(r.seq_len - 1, 1, r.block_table) for r in rows]
+            )
         with set_forward_context(md):
-            return self.model(ids, positions)
+            return self.model(ids, positions, out)
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         for layer in self.model.attention_layers():
@@ -396,6 +410,7 @@ class ModelRunner:
                 ids.index_copy_(0, dst, prev.index_select(0, src).to(ids.dtype))
 
         graphs = self.graph_runner
+        out = None
         if (
             graphs is not None
             and len(token_ids) == len(rows)  # pure decode: one token per row
@@ -408,11 +423,15 @@ class ModelRunner:
             if patch is not None:
                 patch(ids)
             pos = to_device(positions, torch.long, self.device)
+            if self.sampled_rows_only and len(logits_indices) < len(token_ids):
+                out = self._output_rows(sampling_rows, logits_indices, rows, len(token_ids))
             with set_forward_context(metadata):
-                hidden = self.model(ids, pos)
+                hidden = self.model(ids, pos, out)
         if not sampling_rows:
             return None
-        if len(logits_indices) == len(token_ids) and hidden.shape[0] >= len(token_ids):
+        if out is not None:
+            selected = hidden  # the output rows alone, in sampling order
+        elif len(logits_indices) == len(token_ids) and hidden.shape[0] >= len(token_ids):
             selected = hidden[: len(token_ids)]  # every row samples its only token: no gather
         else:
             index = to_device(logits_indices, torch.long, self.device)
@@ -430,6 +449,21 @@ class ModelRunner:
                 ready = torch.cuda.Event()
                 ready.record()
         return LaunchedStep(sampling_rows, sampled, ready)
+
+    def _output_rows(
+        self, sampling_rows: list, logits_indices: list[int], rows: list[AttentionRow], num_tokens: int
+    ) -> OutputRows:
+        """The step's sampling tokens, each a one-query row over its context. When nothing samples (a
+        long prompt's middle chunk), the last token stands in: its output is computed and unused."""
+        if not sampling_rows:
+            last = rows[-1]
+            return OutputRows(
+                self.backend, [num_tokens - 1], [AttentionRow(last.seq_len - 1, 1, last.block_table)]
+            )
+        one_token_rows = [
+            AttentionRow(s.start_pos + s.num_tokens - 1, 1, s.block_table) for s in sampling_rows
+        ]
+        return OutputRows(self.backend, logits_indices, one_token_rows)
 
     def collect(self, step: LaunchedStep | None) -> RunnerOutput:
         """Wait for a launched step and turn its samples into host lists."""

@@ -16,6 +16,11 @@ Backends ignore the scales when the cache is not fp8, so 16/32-bit caches behave
 
 CUDA graphs (GPU backends): a decode step is captured once per batch-size bucket; `build_metadata` then
 writes into persistent buffers instead of allocating, and `pad_to` rows point at the null block 0.
+
+Output rows (`OutputRows`): the model's last layer needs keys and values of every token (the cache keeps
+them) but its output only where a token samples. Given output rows, `forward` writes every token's keys and
+values, then attends only those tokens' queries, each as a one-query row of its own context length (the
+decode kernels' shape); the model then runs the rest of its last layer on those rows alone.
 """
 
 from __future__ import annotations
@@ -121,6 +126,41 @@ class AttentionMetadata:
     plan: dict = field(default_factory=dict)
 
 
+class OutputRows:
+    """The tokens of a step whose hidden states leave the model (the ones that sample), in output order.
+
+    `index`: their positions in the step's flat token batch (device). `metadata`: attention metadata that
+    makes each of them a one-query row over its own context (`AttentionRow(position, 1, block_table)`).
+    Both are built on first use, by the last layer: by then the host has queued the earlier layers, so the
+    building overlaps the device's work instead of delaying the step's first kernel."""
+
+    def __init__(self, backend: AttentionBackend, token_index: list[int], rows: list[AttentionRow]) -> None:
+        if len(token_index) != len(rows) or not rows:
+            raise ValueError("output rows need one (token index, one-token row) pair each, at least one")
+        if any(r.num_tokens != 1 for r in rows):
+            raise ValueError("an output row is one query token")
+        self.backend = backend
+        self.token_index = token_index
+        self.rows = rows
+        self._index: torch.Tensor | None = None
+        self._metadata: AttentionMetadata | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def index(self) -> torch.Tensor:
+        if self._index is None:
+            self._index = to_device(self.token_index, torch.long, self.backend.device)
+        return self._index
+
+    @property
+    def metadata(self) -> AttentionMetadata:
+        if self._metadata is None:
+            self._metadata = self.backend.build_metadata(self.rows)
+        return self._metadata
+
+
 class AttentionBackend(ABC):
     name: str = "abstract"
     kv_layout: str = "NHD"  # how the model runner stores the KV pool for this backend (`kv_cache_tensor`)
@@ -168,7 +208,6 @@ class AttentionBackend(ABC):
             seq_lens_cpu=seq_lens,
         )
 
-    @abstractmethod
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -182,9 +221,46 @@ class AttentionBackend(ABC):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: RopeStep | None = None,
+        output_rows: OutputRows | None = None,
     ) -> torch.Tensor:
-        """Write k/v into the cache, then return attention output `[num_tokens, num_heads, head_dim]`.
+        """Write k/v into the cache, then return attention output `[num_tokens, num_heads, head_dim]`
+        (`[len(output_rows), ...]` for just the output rows' queries, when given).
 
         `k_scale` / `v_scale`: the layer's fp8 KV-cache scales; used only when `kv_cache` is fp8.
         `rope`: the step's rotary embedding, applied to q and k first (`rope.apply`), which a backend may
         fuse with its KV write; q may then be rotated in place."""
+        q = self.write(q, k, v, kv_cache, metadata, k_scale=k_scale, v_scale=v_scale, rope=rope)
+        if output_rows is not None:
+            q, metadata = q[output_rows.index], output_rows.metadata
+        scales = dict(k_scale=k_scale, v_scale=v_scale)
+        return self.attend(q, kv_cache, metadata, scale=scale, sliding_window=sliding_window, **scales)
+
+    @abstractmethod
+    def write(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+        rope: RopeStep | None = None,
+    ) -> torch.Tensor:
+        """Rotate q and k (if `rope`), write k/v into the cache at `metadata.slot_mapping`; return q as
+        rotated."""
+
+    @abstractmethod
+    def attend(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """Each row's queries (`metadata.query_start_loc`) attended to its cached context, causally."""

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from qwick.forward_context import get_forward_context
-from qwick.layers.attention.backend import AttentionBackend
+from qwick.layers.attention.backend import AttentionBackend, OutputRows
 from qwick.layers.rotary import RopeStep
 
 
@@ -34,12 +34,18 @@ class Attention(nn.Module):
         self.v_scale = 1.0
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeStep | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeStep | None = None,
+        output_rows: OutputRows | None = None,
     ) -> torch.Tensor:
         """q/k/v: [tokens, heads * head_dim] (k, v with kv heads) -> [tokens, heads * head_dim].
 
         `rope`: the step's rotary embedding, applied to q and k first (by the backend, which may fuse it
-        with the KV write)."""
+        with the KV write). `output_rows`: every token's keys and values are cached, but only these tokens'
+        outputs are returned ([len(output_rows), heads * head_dim])."""
         if self.kv_cache is None or self.backend is None:
             raise RuntimeError("attention layer has no KV cache bound; run the model through ModelRunner")
         tokens = q.shape[0]
@@ -54,5 +60,6 @@ class Attention(nn.Module):
             k_scale=self.k_scale,
             v_scale=self.v_scale,
             rope=rope,
+            output_rows=output_rows,
         )
-        return out.view(tokens, self.num_heads * self.head_dim)
+        return out.view(out.shape[0], self.num_heads * self.head_dim)

@@ -94,7 +94,7 @@ class TorchAttentionBackend(AttentionBackend):
         md.plan["groups"] = groups
         return groups
 
-    def forward(
+    def write(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -102,27 +102,44 @@ class TorchAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         *,
-        scale: float,
-        sliding_window: int | None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: RopeStep | None = None,
     ) -> torch.Tensor:
         if rope is not None:
             q, k = rope.apply(q, k)
-        num_kv_heads, head_dim = k.shape[1], k.shape[2]
         if (layout := kv_layout_of(kv_cache)) != self.kv_layout:
             raise ValueError(f"the torch backend reads an {self.kv_layout} KV cache, got {layout}")
-        fp8 = is_fp8_kv(kv_cache.dtype)
-        if fp8:  # copies and gathers run on the bytes (uint8), which every device supports
+        if is_fp8_kv(kv_cache.dtype):  # copies and gathers run on the bytes (uint8), which any device has
             k = quantize_kv(k, k_scale).view(torch.uint8)
             v = quantize_kv(v, v_scale).view(torch.uint8)
-            kv_cache = kv_cache.view(torch.uint8)
-        k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
-        v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
+        k_flat, v_flat = self._flat_cache(kv_cache, k.shape[1], k.shape[2])
         k_flat.index_copy_(0, metadata.slot_mapping, k.to(k_flat.dtype))
         v_flat.index_copy_(0, metadata.slot_mapping, v.to(v_flat.dtype))
+        return q
 
+    @staticmethod
+    def _flat_cache(
+        kv_cache: torch.Tensor, num_kv_heads: int, head_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache's keys and values as [slots, kv_heads, head_dim] (fp8 caches as their bytes)."""
+        if is_fp8_kv(kv_cache.dtype):
+            kv_cache = kv_cache.view(torch.uint8)
+        return kv_cache[0].view(-1, num_kv_heads, head_dim), kv_cache[1].view(-1, num_kv_heads, head_dim)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+    ) -> torch.Tensor:
+        fp8 = is_fp8_kv(kv_cache.dtype)
+        k_flat, v_flat = self._flat_cache(kv_cache, kv_cache.shape[3], kv_cache.shape[4])
         out = torch.empty_like(q)
         for group in self._plan(metadata):
             mask = group.masks.get(sliding_window)

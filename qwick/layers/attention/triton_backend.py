@@ -766,7 +766,7 @@ class TritonAttentionBackend(AttentionBackend):
             and k.stride(1) == head_dim
         )
 
-    def forward(
+    def write(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -774,17 +774,12 @@ class TritonAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         *,
-        scale: float,
-        sliding_window: int | None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: RopeStep | None = None,
     ) -> torch.Tensor:
-        kv_layout_of(kv_cache)  # NHD or HND (ValueError otherwise): the kernels read the cache's strides
-        if kv_cache.shape[2] != metadata.block_size:
-            raise ValueError("KV cache block size does not match the metadata's")
-        fp8 = is_fp8_kv(kv_cache.dtype)
-        if not fp8:
+        self._check_cache(kv_cache, metadata)
+        if not is_fp8_kv(kv_cache.dtype):
             k_scale = v_scale = 1.0  # scales belong to fp8 caches only
         if rope is not None and self.fuses_rope(q, k, v, rope):
             self.write_kv_rope(q, k, v, kv_cache, metadata.slot_mapping, rope, k_scale, v_scale)
@@ -792,16 +787,38 @@ class TritonAttentionBackend(AttentionBackend):
             if rope is not None:
                 q, k = rope.apply(q, k)
             self.write_kv(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
+        return q
+
+    @staticmethod
+    def _check_cache(kv_cache: torch.Tensor, metadata: AttentionMetadata) -> None:
+        kv_layout_of(kv_cache)  # NHD or HND (ValueError otherwise): the kernels read the cache's strides
+        if kv_cache.shape[2] != metadata.block_size:
+            raise ValueError("KV cache block size does not match the metadata's")
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+    ) -> torch.Tensor:
+        self._check_cache(kv_cache, metadata)
+        fp8 = is_fp8_kv(kv_cache.dtype)
         if q.stride(2) != 1:
             q = q.contiguous()
         plan = self._plan(metadata)
         out = torch.empty_like(q)
         # k_scale folds into the softmax scale (q.(k_fp8 * s) = s * q.k_fp8); v_scale scales the output.
         qk_scale_log2 = float(scale) * LOG2E * (float(k_scale) if fp8 else 1.0)
+        v_scale = float(v_scale) if fp8 else 1.0
         if plan.num_decode:
-            self._decode(q, kv_cache, out, metadata, plan, qk_scale_log2, float(v_scale), sliding_window)
+            self._decode(q, kv_cache, out, metadata, plan, qk_scale_log2, v_scale, sliding_window)
         if plan.extend_rows:
-            self._extend(q, kv_cache, out, metadata, plan, qk_scale_log2, float(v_scale), sliding_window)
+            self._extend(q, kv_cache, out, metadata, plan, qk_scale_log2, v_scale, sliding_window)
         return out
 
     def _decode(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window) -> None:
