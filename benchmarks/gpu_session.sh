@@ -232,11 +232,29 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       --output-len 2 --gpu-memory-utilization 0.5 --compare-transformers --output-json "$OUT/ttft2048_vs_hf.json"
     grep -A4 '"transformers"' "$OUT/ttft2048_vs_hf.json" | head -5
     ;;
+  outrows_ab)  # the same, repeated: greedy tokens with it and without, workload 3 alternating
+    ALL_ROWS=1 python benchmarks/greedy_vs_transformers.py 2>&1 | grep -E "^(quantization|prompt)" \
+      | tee "$OUT/models.log"
+    ALL="import sys; from qwick.runner.model_runner import ModelRunner as R; i = R.__init__; \
+R.__init__ = lambda s, *a, **k: (i(s, *a, **k), setattr(s, 'sampled_rows_only', False))[0]; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in bf16 bf16 fp8; do
+      QA=$([ $q = fp8 ] && echo "--quantization fp8")
+      run "tput_$q" $TPUT $QA --output-json "$OUT/tput_$q.json"
+      run "tput_${q}_all_rows" python -c "$ALL" ${TPUT#python -m qwick.entrypoints.cli } $QA \
+        --output-json "$OUT/tput_${q}_all_rows.json"
+    done
+    ;;
+  w3hf)  # workload 3 beside transformers' static batch (qwick at 0.35 of the memory so both fit)
+    run tput_bf16_vs_hf $TPUT --gpu-memory-utilization 0.35 --compare-transformers \
+      --output-json "$OUT/tput_bf16_vs_hf.json"
+    grep -A4 '"transformers"' "$OUT/tput_bf16_vs_hf.json" | head -5
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|w3hf" >&2
     exit 2
     ;;
 esac

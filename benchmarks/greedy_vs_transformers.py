@@ -1,6 +1,7 @@
 """qwen2.5-7b shapes, random weights: qwick vs transformers on the same weights, greedy 64 steps + logits.
 
     python benchmarks/greedy_vs_transformers.py [fp8|int8|int4]
+    ALL_ROWS=1 python benchmarks/greedy_vs_transformers.py   # also with every token through the last layer
 
 With a quantization mode, qwick quantizes the random weights while loading and transformers runs their
 dequantized copy (`checkpoint_tensors` exports it) in bf16 with unquantized activations: the same function
@@ -30,10 +31,13 @@ model = llm.llm_engine.core.runner.model
 ref = transformers_on_our_weights(model, torch.bfloat16, "cuda")
 g = torch.Generator().manual_seed(3)
 prompts = [torch.randint(100, 150000, (n,), generator=g).tolist() for n in (16, 128, 700)]
-outs = llm.generate(
-    prompts, SamplingParams(max_tokens=64, temperature=0, ignore_eos=True, logprobs=1), use_tqdm=False
-)
-for p, o in zip(prompts, outs):
+settings = [True, False] if os.environ.get("ALL_ROWS") == "1" else [True]
+runs = []
+for rows_only in settings:  # the last layer for the sampling tokens only (the default), or for all
+    llm.llm_engine.core.runner.sampled_rows_only = rows_only
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True, logprobs=1)
+    runs += [(rows_only, p, o) for p, o in zip(prompts, llm.generate(prompts, params, use_tqdm=False))]
+for rows_only, p, o in runs:
     ours = o.outputs[0].token_ids
     with torch.no_grad():
         theirs = ref.generate(
@@ -49,8 +53,10 @@ for p, o in zip(prompts, outs):
     ref_lp = lp_ref[torch.arange(64), torch.tensor(ours, device="cuda")].cpu()
     div = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
     print(
-        f"prompt {len(p)}: greedy {'equal for 64' if div is None else f'diverges at step {div}'}; "
-        f"max |logprob diff| of our tokens {float((ours_lp - ref_lp).abs().max()):.4f}; "
+        f"prompt {len(p)}{'' if rows_only else ' (all rows)'}: "
+        f"greedy {'equal for 64' if div is None else f'diverges at step {div}'}; "
+        f"max |logprob diff| of our tokens {float((ours_lp - ref_lp).abs().max()):.4f} "
+        f"(first token {float((ours_lp[0] - ref_lp[0]).abs()):.4f}); "
         f"logit std {float(logits.std()):.3f}",
         flush=True,
     )
