@@ -81,5 +81,21 @@ for batch, prompt_len, out_len in [
         f"{len(new)} compiled {new}",
         flush=True,
     )
+# Workload 3's mix (256 prompts of 100-1024 tokens, chunked prefill beside decode rows), shorter outputs.
+from qwick.bench.workloads import ranged_requests  # noqa: E402
+
+before = len(events)
+reqs = ranged_requests(256, (100, 1024), (16, 64), llm.llm_engine.vocab_size, seed=5)
+t = time.perf_counter()
+llm.generate(
+    [{"prompt_token_ids": r.prompt_token_ids} for r in reqs],
+    [SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True) for r in reqs],
+    use_tqdm=False,
+)
+dt = time.perf_counter() - t
+report["requests"].append({"batch": 256, "workload": 3, "s": dt, "compiled": [r for _, r in events[before:]]})
+print(f"workload 3 (outputs 16-64): {dt * 1e3:8.1f} ms, {len(events) - before} compiled", flush=True)
+for _, r in events[before:]:
+    print("   ", r[:400], flush=True)
 with open(args.out, "w") as f:
     json.dump(report, f, indent=1)

@@ -25,6 +25,7 @@ llm = LLM(
     max_model_len=4096,
     gpu_memory_utilization=0.5,
     quantization=quantization,
+    enable_prefix_caching=False,  # each run (ALL_ROWS) computes its prompts afresh
 )
 print(f"quantization: {quantization or 'none (bf16)'}", flush=True)
 model = llm.llm_engine.core.runner.model
