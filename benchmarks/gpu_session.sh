@@ -245,6 +245,25 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         --output-json "$OUT/tput_${q}_all_rows.json"
     done
     ;;
+  outrows_fix)  # after the decode split-scratch strides stopped being specialized: no compiles while
+    # serving, batch 1, the TTFT and workload 3 with it and without
+    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_no_compiles_while_serving.py \
+      tests/runner/test_cuda_graphs.py tests/layers/attention/test_output_rows.py \
+      tests/layers/test_triton_attention.py -k "not extend" 2>&1 | tail -2
+    timeout 150 python benchmarks/compile_events.py qwen2.5-7b 2>&1 | grep -E "^(startup|batch|workload)"
+    run bf16 $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/lat_bf16.json"
+    run ttft2048 $CLI bench latency --num-iters 7 --shape qwen2.5-7b --max-model-len 4096 --input-len 2048 \
+      --output-len 2 --output-json "$OUT/ttft2048.json"
+    ALL="import sys; from qwick.runner.model_runner import ModelRunner as R; i = R.__init__; \
+R.__init__ = lambda s, *a, **k: (i(s, *a, **k), setattr(s, 'sampled_rows_only', False))[0]; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in bf16 fp8; do
+      QA=$([ $q = fp8 ] && echo "--quantization fp8")
+      run "tput_$q" $TPUT $QA --output-json "$OUT/tput_$q.json"
+      run "tput_${q}_all_rows" python -c "$ALL" ${TPUT#python -m qwick.entrypoints.cli } $QA \
+        --output-json "$OUT/tput_${q}_all_rows.json"
+    done
+    ;;
   w3hf)  # workload 3 beside transformers' static batch (qwick at 0.35 of the memory so both fit)
     run tput_bf16_vs_hf $TPUT --gpu-memory-utilization 0.35 --compare-transformers \
       --output-json "$OUT/tput_bf16_vs_hf.json"
@@ -254,7 +273,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|w3hf" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|w3hf" >&2
     exit 2
     ;;
 esac

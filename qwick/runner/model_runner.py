@@ -196,6 +196,8 @@ class ModelRunner:
         for tokens in (16, 17, 65, 160):
             hidden = self._null_forward([min(tokens, self.max_model_len)])
             self._null_forward([min(tokens, self.max_model_len)], last_tokens_only=True)
+        # Prefills sampling 64 rows or more: the decode attention's large-batch tiles, outside the graphs.
+        self._null_forward([16] * min(64, self.config.max_num_seqs), last_tokens_only=True)
         for m in range(1, min(16, self.config.max_num_seqs, hidden.shape[0]) + 1):
             self.model.compute_logits(hidden[:m])
         self.sampler.warm_up(self.vocab_size, self.device, self.dtype)

@@ -213,7 +213,10 @@ def _fp16_queries(q, scale_log2):
     return (q.to(tl.float32) * 0.00390625).to(tl.float16), scale_log2 * 256.0
 
 
-@triton.jit(do_not_specialize=["num_splits", "window", "group", "stride_bt"])
+# Integers that vary with the step (split counts, and the split scratch's strides, heads x splits and
+# splits) are not specialized: Triton would compile a variant per divisibility class of each, and a
+# prefill's last token (decode attention outside the graphs) would meet classes no warm-up ran.
+@triton.jit(do_not_specialize=["num_splits", "window", "group", "stride_bt", "stride_ml_r", "stride_ml_h"])
 def _decode_kernel(
     q_ptr,
     k_cache_ptr,
@@ -321,7 +324,7 @@ def _decode_kernel(
         tl.store(mid_lse_ptr + i * stride_ml_r + head * stride_ml_h + split, lse, mask=g_mask)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "stride_ml_r", "stride_ml_h"])
 def _decode_reduce_kernel(
     mid_o_ptr,
     mid_lse_ptr,
@@ -876,6 +879,7 @@ class TritonAttentionBackend(AttentionBackend):
             **cfg,
         )
         if splits > 1:
+            s_pad = _pow2(max(splits, self.max_num_splits), 16)
             _decode_reduce_kernel[(plan.num_decode, num_heads)](
                 mid_o,
                 mid_lse,
@@ -892,8 +896,9 @@ class TritonAttentionBackend(AttentionBackend):
                 out.stride(1),
                 HEAD_DIM=head_dim,
                 D_PAD=d_pad,
-                S_PAD=_pow2(splits, 16),
-                S_CHUNK=min(_pow2(splits, 16), 64),
+                # One width for every split count up to the maximum: one variant to compile.
+                S_PAD=s_pad,
+                S_CHUNK=min(s_pad, 64),
                 num_warps=4,
             )
 
