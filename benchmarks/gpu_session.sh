@@ -264,6 +264,21 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         --output-json "$OUT/tput_${q}_all_rows.json"
     done
     ;;
+  outrows_rev)  # the same A/B in the other order (without first), then workload 3 beside transformers
+    ALL="import sys; from qwick.runner.model_runner import ModelRunner as R; i = R.__init__; \
+R.__init__ = lambda s, *a, **k: (i(s, *a, **k), setattr(s, 'sampled_rows_only', False))[0]; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    TTFT="--shape qwen2.5-7b --max-model-len 4096 --input-len 2048 --output-len 2 --num-iters 7"
+    run ttft2048_all_rows python -c "$ALL" bench latency $TTFT --output-json "$OUT/ttft2048_all.json"
+    run ttft2048 $CLI bench latency $TTFT --output-json "$OUT/ttft2048.json"
+    for q in fp8 bf16; do
+      QA=$([ $q = fp8 ] && echo "--quantization fp8")
+      run "tput_${q}_all_rows" python -c "$ALL" ${TPUT#python -m qwick.entrypoints.cli } $QA \
+        --output-json "$OUT/tput_${q}_all_rows.json"
+      run "tput_$q" $TPUT $QA --output-json "$OUT/tput_$q.json"
+    done
+    bash "$0" w3hf
+    ;;
   w3hf)  # workload 3 beside transformers' static batch (qwick at 0.35 of the memory so both fit)
     run tput_bf16_vs_hf $TPUT --gpu-memory-utilization 0.35 --compare-transformers \
       --output-json "$OUT/tput_bf16_vs_hf.json"
@@ -273,7 +288,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|w3hf" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|w3hf" >&2
     exit 2
     ;;
 esac
