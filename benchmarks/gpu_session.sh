@@ -33,6 +33,8 @@
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
 #                                            # the attention bench in both, workload 3 and 32k with HND
+#   bash benchmarks/gpu_session.sh outrows_w3  # queued: workload 3 with it and without, ABBA in one process
+#                                            # (fp8, bf16), and the host's time in the eager steps
 #   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
 #                                            # (`ModelRunner.sampled_rows_only`, on): its GPU tests, the
 #                                            # 2048-token TTFT and workload 3 with it and without, greedy
@@ -279,6 +281,12 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     done
     bash "$0" w3hf
     ;;
+  outrows_w3)  # workload 3 with the last layer for the sampling rows only and without, ABBA in one process
+    for q in fp8 bf16; do
+      timeout 280 python benchmarks/output_rows_ab.py qwen2.5-7b $([ $q = fp8 ] && echo "--quantization fp8") \
+        --pairs 3 --out "$OUT/output_rows_ab_$q.json" 2>&1 | grep -E "^(run|sampling|every)"
+    done
+    ;;
   w3hf)  # workload 3 beside transformers' static batch (qwick at 0.35 of the memory so both fit)
     run tput_bf16_vs_hf $TPUT --gpu-memory-utilization 0.35 --compare-transformers \
       --output-json "$OUT/tput_bf16_vs_hf.json"
@@ -288,7 +296,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|w3hf" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf" >&2
     exit 2
     ;;
 esac
