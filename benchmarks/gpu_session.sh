@@ -51,6 +51,12 @@ SHORT="--max-model-len 4096 --input-len 128 --output-len 128"
 TPUT="$CLI bench throughput --shape qwen2.5-7b --max-model-len 4096 --num-prompts 256 \
   --input-len-range 100 1024 --output-len-range 100 1024 --num-iters 1"
 
+# The qwick command line with every token through the model's last layer (`sampled_rows_only` off), for
+# A/B runs: python -c "$ALL" bench ...
+ALL="import sys; from qwick.runner.model_runner import ModelRunner as R; i = R.__init__; \
+R.__init__ = lambda s, *a, **k: (i(s, *a, **k), setattr(s, 'sampled_rows_only', False))[0]; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+
 run() {  # name, command...: log to $OUT/name.log, print the figures
   local name=$1
   shift
@@ -218,9 +224,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
   outrows)
     python -m pytest -q -m gpu -p no:cacheprovider tests/layers/attention/test_output_rows.py \
       tests/runner/test_no_compiles_while_serving.py tests/runner/test_cuda_graphs.py tests/models 2>&1 | tail -3
-    ALL="import sys; from qwick.runner.model_runner import ModelRunner as R; i = R.__init__; \
-R.__init__ = lambda s, *a, **k: (i(s, *a, **k), setattr(s, 'sampled_rows_only', False))[0]; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     TTFT="--shape qwen2.5-7b --max-model-len 4096 --input-len 2048 --output-len 2 --num-iters 7"
     for i in 1 2; do
       run "ttft2048_$i" $CLI bench latency $TTFT --output-json "$OUT/ttft2048_$i.json"
@@ -237,9 +240,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
   outrows_ab)  # the same, repeated: greedy tokens with it and without, workload 3 alternating
     ALL_ROWS=1 python benchmarks/greedy_vs_transformers.py 2>&1 | grep -E "^(quantization|prompt)" \
       | tee "$OUT/models.log"
-    ALL="import sys; from qwick.runner.model_runner import ModelRunner as R; i = R.__init__; \
-R.__init__ = lambda s, *a, **k: (i(s, *a, **k), setattr(s, 'sampled_rows_only', False))[0]; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in bf16 bf16 fp8; do
       QA=$([ $q = fp8 ] && echo "--quantization fp8")
       run "tput_$q" $TPUT $QA --output-json "$OUT/tput_$q.json"
@@ -256,9 +256,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run bf16 $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/lat_bf16.json"
     run ttft2048 $CLI bench latency --num-iters 7 --shape qwen2.5-7b --max-model-len 4096 --input-len 2048 \
       --output-len 2 --output-json "$OUT/ttft2048.json"
-    ALL="import sys; from qwick.runner.model_runner import ModelRunner as R; i = R.__init__; \
-R.__init__ = lambda s, *a, **k: (i(s, *a, **k), setattr(s, 'sampled_rows_only', False))[0]; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in bf16 fp8; do
       QA=$([ $q = fp8 ] && echo "--quantization fp8")
       run "tput_$q" $TPUT $QA --output-json "$OUT/tput_$q.json"
@@ -267,9 +264,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     done
     ;;
   outrows_rev)  # the same A/B in the other order (without first), then workload 3 beside transformers
-    ALL="import sys; from qwick.runner.model_runner import ModelRunner as R; i = R.__init__; \
-R.__init__ = lambda s, *a, **k: (i(s, *a, **k), setattr(s, 'sampled_rows_only', False))[0]; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     TTFT="--shape qwen2.5-7b --max-model-len 4096 --input-len 2048 --output-len 2 --num-iters 7"
     run ttft2048_all_rows python -c "$ALL" bench latency $TTFT --output-json "$OUT/ttft2048_all.json"
     run ttft2048 $CLI bench latency $TTFT --output-json "$OUT/ttft2048.json"

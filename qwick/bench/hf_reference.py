@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from qwick.bench.workloads import BenchRequest
+from qwick.bench.workloads import BenchRequest, throughput_summary
 
 
 def load_transformers(model_dir: str, dtype: torch.dtype, device: str = "cpu"):
@@ -79,9 +79,4 @@ def batched_throughput(model, requests: list[BenchRequest], pad_id: int = 0) -> 
     t = time.perf_counter()
     _generate(model, prompts, n_out, pad_id)
     seconds = time.perf_counter() - t
-    wanted = sum(r.max_tokens for r in requests)
-    return {
-        "seconds": seconds,
-        "output_tokens_per_s": wanted / seconds,
-        "generated_tokens": n_out * len(requests),
-    }
+    return {**throughput_summary(requests, seconds), "generated_tokens": n_out * len(requests)}

@@ -341,9 +341,7 @@ class ModelRunner:
         out = None
         if last_tokens_only:
             ends = np.cumsum(lengths) - 1
-            out = OutputRows(
-                self.backend, ends.tolist(), [AttentionRow(r.seq_len - 1, 1, r.block_table) for r in rows]
-            )
+            out = OutputRows(self.backend, ends.tolist(), [r.last_query() for r in rows])
         with set_forward_context(md):
             return self.model(ids, positions, out)
 
@@ -426,7 +424,7 @@ class ModelRunner:
                 patch(ids)
             pos = to_device(positions, torch.long, self.device)
             if self.sampled_rows_only and len(logits_indices) < len(token_ids):
-                out = self._output_rows(sampling_rows, logits_indices, rows, len(token_ids))
+                out = self._output_rows(scheduled, rows, logits_indices, len(token_ids))
             with set_forward_context(metadata):
                 hidden = self.model(ids, pos, out)
         if not sampling_rows:
@@ -453,19 +451,14 @@ class ModelRunner:
         return LaunchedStep(sampling_rows, sampled, ready)
 
     def _output_rows(
-        self, sampling_rows: list, logits_indices: list[int], rows: list[AttentionRow], num_tokens: int
+        self, scheduled: list, rows: list[AttentionRow], logits_indices: list[int], num_tokens: int
     ) -> OutputRows:
         """The step's sampling tokens, each a one-query row over its context. When nothing samples (a
         long prompt's middle chunk), the last token stands in: its output is computed and unused."""
-        if not sampling_rows:
-            last = rows[-1]
-            return OutputRows(
-                self.backend, [num_tokens - 1], [AttentionRow(last.seq_len - 1, 1, last.block_table)]
-            )
-        one_token_rows = [
-            AttentionRow(s.start_pos + s.num_tokens - 1, 1, s.block_table) for s in sampling_rows
-        ]
-        return OutputRows(self.backend, logits_indices, one_token_rows)
+        if not logits_indices:
+            return OutputRows(self.backend, [num_tokens - 1], [rows[-1].last_query()])
+        sampling = [row.last_query() for row, item in zip(rows, scheduled) if item.sample]
+        return OutputRows(self.backend, logits_indices, sampling)
 
     def collect(self, step: LaunchedStep | None) -> RunnerOutput:
         """Wait for a launched step and turn its samples into host lists."""

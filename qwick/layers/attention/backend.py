@@ -105,6 +105,10 @@ class AttentionRow:
     def seq_len(self) -> int:
         return self.start_pos + self.num_tokens
 
+    def last_query(self) -> AttentionRow:
+        """This row's last token alone, as a one-query row over the row's whole context."""
+        return AttentionRow(self.seq_len - 1, 1, self.block_table)
+
 
 @dataclass
 class AttentionMetadata:
@@ -130,7 +134,7 @@ class OutputRows:
     """The tokens of a step whose hidden states leave the model (the ones that sample), in output order.
 
     `index`: their positions in the step's flat token batch (device). `metadata`: attention metadata that
-    makes each of them a one-query row over its own context (`AttentionRow(position, 1, block_table)`).
+    makes each of them a one-query row over its own context (`AttentionRow.last_query`).
     Both are built on first use, by the last layer: by then the host has queued the earlier layers, so the
     building overlaps the device's work instead of delaying the step's first kernel."""
 
@@ -144,9 +148,6 @@ class OutputRows:
         self.rows = rows
         self._index: torch.Tensor | None = None
         self._metadata: AttentionMetadata | None = None
-
-    def __len__(self) -> int:
-        return len(self.rows)
 
     @property
     def index(self) -> torch.Tensor:
