@@ -35,6 +35,9 @@
 #                                            # the attention bench in both, workload 3 and 32k with HND
 #   bash benchmarks/gpu_session.sh outrows_w3  # queued: workload 3 with it and without, ABBA in one process
 #                                            # (fp8, bf16), and the host's time in the eager steps
+#   bash benchmarks/gpu_session.sh hfrows    # transformers beside batch 1 at 8k and 32k context and startup
+#   bash benchmarks/gpu_session.sh longprefill  # prefill chunks of 4096+ queries pipelined deeper: tests,
+#                                            # the 32k and 8k TTFT with it and without
 #   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
 #                                            # (`ModelRunner.sampled_rows_only`, on): its GPU tests, the
 #                                            # 2048-token TTFT and workload 3 with it and without, greedy
@@ -286,11 +289,33 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       --output-json "$OUT/tput_bf16_vs_hf.json"
     grep -A4 '"transformers"' "$OUT/tput_bf16_vs_hf.json" | head -5
     ;;
+  hfrows)  # transformers beside the rows that had none: batch 1 at 8k and 32k context, startup to ready
+    for len in 8192 32000; do
+      run "ctx${len}_vs_hf" $CLI bench latency --num-iters 2 --shape qwen2.5-7b --max-model-len 32768 \
+        --input-len $len --output-len 64 --gpu-memory-utilization 0.5 --compare-transformers \
+        --output-json "$OUT/ctx${len}_vs_hf.json"
+      grep -A4 '"transformers"' "$OUT/ctx${len}_vs_hf.json" | head -5
+    done
+    python benchmarks/startup_time.py qwen2.5-7b 32768 --compare-transformers 2>&1 | grep "to ready"
+    ;;
+  longprefill)  # a third pipeline stage for prefill chunks of 4096+ queries: its GPU tests, the 32k and
+    # 8k TTFT with it and without (alternating)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/layers/test_triton_attention.py -k "long_prefill or \
+      extend_rows or chunked" tests/runner/test_no_compiles_while_serving.py 2>&1 | tail -2
+    OFF="import sys, qwick.layers.attention.triton_backend as T; T.LONG_PREFILL_QUERIES = 1 << 30; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for len in 32000 8192; do
+      A="bench latency --num-iters 3 --shape qwen2.5-7b --max-model-len 32768 --input-len $len --output-len 2"
+      run "ttft${len}_on" $CLI $A --output-json "$OUT/ttft${len}_on.json"
+      run "ttft${len}_off" python -c "$OFF" $A --output-json "$OUT/ttft${len}_off.json"
+      run "ttft${len}_on2" $CLI $A --output-json "$OUT/ttft${len}_on2.json"
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill" >&2
     exit 2
     ;;
 esac

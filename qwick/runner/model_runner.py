@@ -188,14 +188,18 @@ class ModelRunner:
     def _compile_serving_kernels(self) -> None:
         """Run once, at startup, every kernel variant that serving can reach outside the captured graphs,
         so that Triton compiles none of them on a user's request (each compile costs 0.3-1 s of TTFT):
-        the prefill attention at its two tile shapes (short and long queries), prefills whose last layer
-        runs only the last token (decode attention outside the graphs), the fp8 mid-M GEMM's two
-        K splits (17-64 and 65-128 rows), the LM head's skinny GEMM at every decode batch size, and the
-        sampling kernels. Writes only to the null block."""
+        the prefill attention at its launch shapes (short, long and very long queries), prefills whose
+        last layer runs only the last token (decode attention outside the graphs), the fp8 mid-M GEMM's
+        two K splits (17-64 and 65-128 rows), the LM head's skinny GEMM at every decode batch size, and
+        the sampling kernels. Writes only to the null block."""
         t0 = time.perf_counter()
+        longest = min(self.max_model_len, default_max_num_batched_tokens(self.config, self.max_model_len))
         for tokens in (16, 17, 65, 160):
             hidden = self._null_forward([min(tokens, self.max_model_len)])
             self._null_forward([min(tokens, self.max_model_len)], last_tokens_only=True)
+        long_queries = getattr(self.backend, "long_prefill_queries", None)  # a deeper-pipelined variant
+        if long_queries is not None and longest >= long_queries:
+            self._null_forward([long_queries], last_tokens_only=True)
         # Prefills sampling 64 rows or more: the decode attention's large-batch tiles, outside the graphs.
         self._null_forward([16] * min(64, self.config.max_num_seqs), last_tokens_only=True)
         for m in range(1, min(16, self.config.max_num_seqs, hidden.shape[0]) + 1):

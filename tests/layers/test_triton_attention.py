@@ -296,6 +296,15 @@ def test_long_prompts_beside_decode_rows(head_dim, group, num_kv_heads, dtype):
     run_case(specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
 
 
+@pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS[:3], ids=HEAD_IDS[:3])
+def test_long_prefill_chunks(head_dim, group, num_kv_heads, dtype):
+    """Chunks of `long_prefill_queries` queries or more (the deeper-pipelined launch), behind a cached
+    prefix and from scratch, beside a short prompt and a decode row."""
+    specs = [(3000, 4100), (0, 4096), (0, 50), (900, 1)]
+    tri = run_case(specs, head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
+    assert tri._extend_cfg(head_dim, 2, 4100)["num_stages"] == 3
+
+
 @pytest.mark.parametrize("context", [8192, 32768])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_long_context_decode_split_kv(context, batch):

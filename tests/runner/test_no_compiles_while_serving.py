@@ -25,7 +25,7 @@ def test_requests_after_startup_compile_nothing(tmp_path, dtype):
         hidden_size=512,
         num_attention_heads=4,
         num_key_value_heads=1,
-        max_position_embeddings=4096,
+        max_position_embeddings=8192,
     )
     compiled: list[str] = []
 
@@ -35,7 +35,7 @@ def test_requests_after_startup_compile_nothing(tmp_path, dtype):
     old = triton.knobs.runtime.jit_post_compile_hook
     triton.knobs.runtime.jit_post_compile_hook = hook
     try:
-        llm = LLM(path, dtype=dtype, device="cuda", max_model_len=4096, max_num_seqs=32)
+        llm = LLM(path, dtype=dtype, device="cuda", max_model_len=8192, max_num_seqs=32)
         assert compiled, "startup compiled nothing: the hook is not seeing compiles"
         compiled.clear()
         g = torch.Generator().manual_seed(0)
@@ -50,6 +50,7 @@ def test_requests_after_startup_compile_nothing(tmp_path, dtype):
             (32, 17, 5),
             (1, 1100, 3),
             (1, 2000, 3),  # its last token's decode attention: 16 splits, a count no graph bucket has
+            (1, 5000, 3),  # a prefill long enough for the deeper-pipelined attention launch
             (2, 5, 40),
         ]:
             prompts = [torch.randint(2, 300, (length,), generator=g).tolist() for _ in range(batch)]

@@ -73,6 +73,11 @@ LONGEST_FIRST = True
 # device: one launch per layer fewer. Measured on the H200 (ninth session of 12-01 in BENCHMARKS.md):
 # batch-1 decode bf16 235.2 against 233.4 tok/s, int4 410.9 against 405.9; a 2048-token TTFT unchanged.
 FUSE_ROPE = True
+# Prefill rows of at least this many queries (the chunks of a long prompt) take a third pipeline stage in
+# the extend kernel (head_dim 128). Measured on the H200 (twelfth session of 12-01 in BENCHMARKS.md,
+# benchmarks/extend_prefix_probe.py): 8,192 new tokens after 24,576 cached ones 8.95 against 9.86 ms per
+# layer, without a prefix 1.30 against 1.37; at 2,048 queries the third stage lost (184 against 134 us).
+LONG_PREFILL_QUERIES = 4096
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
 # real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
@@ -555,7 +560,8 @@ class TritonAttentionBackend(AttentionBackend):
     `fixed_num_splits` pins the split count (a CUDA-graph runner sets it so the decode grid is the same
     on every replay); `longest_first` orders decode rows by context length, longest first (the graph
     runner orders its rows the same way when the backend asks for it); `fuse_rope` lets the KV write
-    apply RoPE (`write_kv_rope`).
+    apply RoPE (`write_kv_rope`); prefills of `long_prefill_queries` queries or more pipeline deeper (the
+    runner's warm-up compiles that variant too).
 
     The kernels address the cache through its strides (page, slot in page, head), so they read either
     `kv_layout`; HND gives a decode program one contiguous run of `block_size` keys per page instead of
@@ -584,6 +590,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.extend_config: dict | None = None
         self.longest_first = LONGEST_FIRST
         self.fuse_rope = FUSE_ROPE
+        self.long_prefill_queries = LONG_PREFILL_QUERIES
 
     # ---- tuning --------------------------------------------------------------------------------------
     def _decode_cfg(self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int) -> dict:
@@ -608,6 +615,8 @@ class TritonAttentionBackend(AttentionBackend):
             return {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2}
         # Measured on the H200 at qwen2.5-7b shapes (attention_bench --sweep): 128x128 tiles are fastest
         # for long prompts (358 TFLOP/s at 8k); 64x64 wastes less on short chunks.
+        if 64 < head_dim <= 128 and max_query_len >= self.long_prefill_queries:
+            return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
         if head_dim > 64 and max_query_len >= 128:
             return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
         return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
