@@ -77,6 +77,7 @@ FUSE_ROPE = True
 # the extend kernel (head_dim 128). Measured on the H200 (twelfth session of 12-01 in BENCHMARKS.md,
 # benchmarks/extend_prefix_probe.py): 8,192 new tokens after 24,576 cached ones 8.95 against 9.86 ms per
 # layer, without a prefix 1.30 against 1.37; at 2,048 queries the third stage lost (184 against 134 us).
+# A 32k-token prompt's TTFT: 1,131.6 against 1,171.9 ms (benchmarks/long_prefill_ab.py).
 LONG_PREFILL_QUERIES = 4096
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
