@@ -43,7 +43,12 @@
 #                                            # 2048-token TTFT and workload 3 with it and without, greedy
 #                                            # tokens against transformers, TTFT beside transformers
 #
-# On the project's device machine, install the wheels the server side needs first (carry .whl along):
+# On the project's device machine, install the wheels the server side needs first (carry .whl along).
+# The device has no registry; download them here for its Python 3.12 (xgrammar needs apache-tvm-ffi, or
+# the grammar tests skip there):
+#   pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --no-deps \
+#     msgspec tqdm xgrammar apache-tvm-ffi gguf -d .whl
 #   python -m pip install -q --no-deps .whl/*.whl
 set -uo pipefail
 OUT=${OUT:-gpu_out}

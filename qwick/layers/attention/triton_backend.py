@@ -417,16 +417,19 @@ def _extend_tiles(
         kv_mask = _tile_mask(in_seq, d, HEAD_DIM, D_PAD)
         k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
+        # The softmax runs on the CUDA cores between the two dots, so each op per score counts: the scale
+        # goes into the exponent's FMA (max(s) * scale = max(s * scale) for scale > 0), and P @ V
+        # accumulates into the rescaled acc inside the dot.
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
         if MASKED:
             mask = (n[None, :] <= q_pos[:, None]) & in_seq[None, :]
             mask = mask & (n[None, :] > q_pos[:, None] - window)
             qk = tl.where(mask, qk, _NEG)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * scale_log2)
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
+        p = tl.exp2(qk * scale_log2 - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
     return acc, l_i, m_i
 
