@@ -8,12 +8,15 @@ This probe builds one qwen2.5-7b decode layer's shape 28 times (qwick's bf16 GEM
 compute-only "small kernel" of about the real one's length before each GEMV (2 us before QKV, gate/up and
 down; 6 us before o_proj, where attention runs), and replays it in a CUDA graph:
 
-    gemv only        the four GEMVs per layer, no small kernels
-    spin only        the small kernels alone
-    no prefetch      both, the small kernels prefetching nothing
-    bulk <MB>        each small kernel issues `cp.async.bulk.prefetch.L2` of the first <MB> of the next
-                     weight (o_proj: all of it)
-    line <MB>        the same with one `prefetch.global.L2::evict_last` per 128-byte line
+    gemv only / spin only        the four GEMVs per layer alone; the small kernels alone
+    no prefetch                  both, the small kernels prefetching nothing (the reference)
+    o gemv twice                 o_proj's GEMV run twice in a row: the second finds its weights in the L2
+    bulk <MB> p<P>               each small kernel, run as P programs, issues `cp.async.bulk.prefetch.L2`
+                                 of the first <MB> of the next weight
+    line 2 p<P>                  the same with one `prefetch.global.L2::evict_last` per 128-byte line
+    o only 24 p<P>               only the kernel before o_proj prefetches (24 MB of its 25.7)
+    side o p<P>                  o_proj's weights prefetched by a kernel on a parallel branch of the graph
+    spin+bulk <MB> p<P>          the prefetching small kernels alone (how long the prefetch holds them)
 
 us per layer (replay / 28) and the saving against "no prefetch". argv[1]: JSON out.
 """
@@ -146,24 +149,16 @@ def main() -> None:
                     spin(out, 1, o, o.numel() * 2, True, programs)
             mb = int(prefetch_mb * (1 << 20))
             o_bytes = min(int((prefetch_mb if o_mb is None else o_mb) * (1 << 20)), o.numel() * 2)
-            if spins:
-                spin(out, short_it, qkv, min(mb, qkv.numel() * 2), bulk, programs)
-            if gemvs:
-                gemv(x, qkv, None, ws)
-            if spins:
-                spin(out, long_it, o, o_bytes, bulk, programs)
-            if gemvs:
-                gemv(x, o, None, ws)
-                if o_twice:
-                    gemv(x, o, None, ws)
-            if spins:
-                spin(out, short_it, gu, mb, bulk, programs)
-            if gemvs:
-                gemv(x, gu, None, ws)
-            if spins:
-                spin(out, short_it, d, mb, bulk, programs)
-            if gemvs:
-                gemv(xi, d, None, ws)
+            # (weight, the small kernel's length before its GEMV, bytes it prefetches, the GEMV's input)
+            stages = ((qkv, short_it, min(mb, qkv.numel() * 2), x), (o, long_it, o_bytes, x))
+            stages += ((gu, short_it, mb, x), (d, short_it, mb, xi))
+            for weight, iters, nbytes, inp in stages:
+                if spins:
+                    spin(out, iters, weight, nbytes, bulk, programs)
+                if gemvs:
+                    gemv(inp, weight, None, ws)
+                    if o_twice and weight is o:
+                        gemv(inp, weight, None, ws)
         if side_o:
             torch.cuda.current_stream().wait_stream(side)
 
@@ -173,8 +168,10 @@ def main() -> None:
         "no prefetch": dict(prefetch_mb=0, bulk=True),
     }
     variants["o gemv twice"] = dict(prefetch_mb=0, bulk=True, o_twice=True)
-    for programs in (8, 32):
-        variants[f"bulk 0.5 p{programs}"] = dict(prefetch_mb=0.5, bulk=True, programs=programs)
+    for programs in (8, 32, 132):
+        for mb in (0.5, 2, 8):
+            variants[f"bulk {mb} p{programs}"] = dict(prefetch_mb=mb, bulk=True, programs=programs)
+        variants[f"line 2 p{programs}"] = dict(prefetch_mb=2, bulk=False, programs=programs)
         variants[f"o only 24 p{programs}"] = dict(prefetch_mb=0, o_mb=24, bulk=True, programs=programs)
         variants[f"side o p{programs}"] = dict(prefetch_mb=0, bulk=True, programs=programs, side_o=True)
         variants[f"spin+bulk 8 p{programs}"] = dict(prefetch_mb=8, bulk=True, programs=programs, gemvs=False)
