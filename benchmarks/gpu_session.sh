@@ -38,6 +38,8 @@
 #   bash benchmarks/gpu_session.sh hfrows    # transformers beside batch 1 at 8k and 32k context and startup
 #   bash benchmarks/gpu_session.sh longprefill  # prefill chunks of 4096+ queries pipelined deeper: tests,
 #                                            # the 32k and 8k TTFT with it and without
+#   bash benchmarks/gpu_session.sh next      # queued: kernel and layer GPU tests after the extend kernel's
+#                                            # FMA change, greedy tokens with an fp32 yardstick, the sweep
 #   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
 #                                            # (`ModelRunner.sampled_rows_only`, on): its GPU tests, the
 #                                            # 2048-token TTFT and workload 3 with it and without, greedy
@@ -316,11 +318,17 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       run "ttft${len}_on2" $CLI $A --output-json "$OUT/ttft${len}_on2.json"
     done
     ;;
+  next)  # queued after the twelfth session: every kernel and layer GPU test (the extend kernel's FMA change
+    # with fp8 KV caches too), greedy tokens with the fp32 yardstick, the extend launch-shape sweep
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/layers 2>&1 | tail -3
+    python benchmarks/greedy_vs_transformers.py 2>&1 | grep -E "^(quantization|prompt)" | tee "$OUT/models.log"
+    SWEEP=1 python benchmarks/extend_prefix_probe.py 2>&1 | tail -11
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next" >&2
     exit 2
     ;;
 esac
