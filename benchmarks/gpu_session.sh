@@ -40,6 +40,9 @@
 #                                            # the 32k and 8k TTFT with it and without
 #   bash benchmarks/gpu_session.sh next      # queued: kernel and layer GPU tests after the extend kernel's
 #                                            # FMA change, greedy tokens with an fp32 yardstick, the sweep
+#   bash benchmarks/gpu_session.sh fp8kv     # queued: fp8 KV pages converted by PTX in decode attention
+#                                            # (`fp8_decode_ptx`): its tests and the fp8 decode sweep;
+#                                            # fp8kv_e2e: workload 3 and 32k with it and without
 #   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
 #                                            # (`ModelRunner.sampled_rows_only`, on): its GPU tests, the
 #                                            # 2048-token TTFT and workload 3 with it and without, greedy
@@ -324,11 +327,29 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/greedy_vs_transformers.py 2>&1 | grep -E "^(quantization|prompt)" | tee "$OUT/models.log"
     SWEEP=1 python benchmarks/extend_prefix_probe.py 2>&1 | tail -11
     ;;
+  fp8kv)  # queued: fp8 KV pages converted by PTX in the decode kernel (`fp8_decode_ptx`, off until timed):
+    # its GPU tests, the decode sweep over fp8 pages with Triton's conversion and with the PTX
+    python -m pytest -q -m gpu -p no:cacheprovider tests/layers/attention/test_fp8_kv_cache_triton.py 2>&1 \
+      | tail -2
+    python -m qwick.bench.attention_bench --no-torch --batch 1 --context 32768 --kv-cache-dtype fp8 --sweep \
+      2>&1 | tail -42 | tee "$OUT/fp8kv_sweep.log"
+    ;;
+  fp8kv_e2e)  # then end to end, alternating: workload 3 (fp8 weights, fp8 cache) and batch 1 at 32k
+    PTX="import sys, qwick.layers.attention.triton_backend as T; T.FP8_KV_DECODE_PTX = True; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    W3="${TPUT#python -m qwick.entrypoints.cli } --quantization fp8 --kv-cache-dtype fp8"
+    L32="bench latency --num-iters 2 --shape qwen2.5-7b --max-model-len 32768 --input-len 32000 --output-len 64 \
+      --kv-cache-dtype fp8"
+    run tput_fp8kv_ptx python -c "$PTX" $W3 --output-json "$OUT/tput_fp8kv_ptx.json"
+    run tput_fp8kv $CLI $W3 --output-json "$OUT/tput_fp8kv.json"
+    run ctx32k_fp8kv $CLI $L32 --output-json "$OUT/ctx32k_fp8kv.json"
+    run ctx32k_fp8kv_ptx python -c "$PTX" $L32 --output-json "$OUT/ctx32k_fp8kv_ptx.json"
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|fp8kv|fp8kv_e2e" >&2
     exit 2
     ;;
 esac

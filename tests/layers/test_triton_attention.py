@@ -44,13 +44,23 @@ def _lowp(dtype: torch.dtype) -> torch.dtype:
     return torch.float16 if INTERPRET and dtype == torch.bfloat16 else dtype
 
 
-def _backend(block_size: int, device: torch.device, longest_first: bool | None = None, **kwargs):
-    """A Triton backend; `longest_first` None keeps the default decode row order."""
+def _backend(
+    block_size: int,
+    device: torch.device,
+    longest_first: bool | None = None,
+    fixed_num_splits: int | None = None,
+    **tunables,
+):
+    """A Triton backend; `longest_first` None keeps the default decode row order; `tunables` set the
+    backend's attributes of those names."""
     from qwick.layers.attention.triton_backend import TritonAttentionBackend
 
-    backend = TritonAttentionBackend(block_size, device, **kwargs)
+    backend = TritonAttentionBackend(block_size, device, fixed_num_splits)
     if longest_first is not None:
         backend.longest_first = longest_first
+    for name, value in tunables.items():
+        assert hasattr(backend, name), name
+        setattr(backend, name, value)
     return backend
 
 

@@ -73,6 +73,31 @@ def test_fp8_decode_rows(head_dim, group, num_kv_heads, dtype, k_scale, v_scale)
     )
 
 
+@pytest.mark.parametrize("splits", [None, 4])
+@pytest.mark.parametrize(
+    "head_dim,group,num_kv_heads,dtype",
+    [  # D64-G7 also runs in the CPU CI's interpreter pass (the kernel's F8_PTX branch, emulated there)
+        pytest.param(*c, id=i, marks=[pytest.mark.interpret] if i == "D64-G7-kv2-bfloat16" else [])
+        for c, i in zip(HEAD_CONFIGS, HEAD_IDS)
+    ],
+)
+def test_fp8_decode_rows_converted_by_ptx(head_dim, group, num_kv_heads, dtype, splits):
+    """`fp8_decode_ptx`: the decode kernel converts the pages through `_fp8_to_f16` (the interpreter runs
+    a plain conversion in its place)."""
+    specs = [(c, 1) for c in DECODE_CONTEXTS + [4100]]
+    kwargs = {"fp8_decode_ptx": True} | ({"fixed_num_splits": splits} if splits else {})
+    run_case(
+        specs,
+        head_dim=head_dim,
+        group=group,
+        num_kv_heads=num_kv_heads,
+        dtype=dtype,
+        k_scale=0.37,
+        v_scale=1.7,
+        backend_kwargs=kwargs,
+    )
+
+
 @pytest.mark.parametrize("k_scale,v_scale", SCALES, ids=SCALE_IDS)
 @pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS, ids=HEAD_IDS)
 def test_fp8_extend_rows(head_dim, group, num_kv_heads, dtype, k_scale, v_scale):
