@@ -43,6 +43,8 @@
 #   bash benchmarks/gpu_session.sh fp8kv     # queued: fp8 KV pages converted by PTX in decode attention
 #                                            # (`fp8_decode_ptx`): its tests and the fp8 decode sweep;
 #                                            # fp8kv_e2e: workload 3 and 32k with it and without
+#   bash benchmarks/gpu_session.sh fp8gemv   # queued: fp8 codes converted by PTX in the W8A16 GEMV: tests,
+#                                            # sweep, batch 1 fp8 with it and without
 #   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
 #                                            # (`ModelRunner.sampled_rows_only`, on): its GPU tests, the
 #                                            # 2048-token TTFT and workload 3 with it and without, greedy
@@ -345,11 +347,28 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run ctx32k_fp8kv $CLI $L32 --output-json "$OUT/ctx32k_fp8kv.json"
     run ctx32k_fp8kv_ptx python -c "$PTX" $L32 --output-json "$OUT/ctx32k_fp8kv_ptx.json"
     ;;
+  fp8gemv)  # queued: fp8 weight codes converted by PTX in the W8A16 GEMV (`FP8_W8A16_PTX`, off until
+    # timed): its GPU tests, the fp8 W8A16 sweep with Triton's conversion and with the PTX, batch 1 fp8 with
+    # it off, on (o_proj and down), and on everywhere (W8A16 in place of W8A8 at decode sizes)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
+      tests/layers/attention/test_fp8_kv_cache_triton.py -k "past_fp16 or 8bit_weights or ptx" 2>&1 | tail -2
+    for p in 0 1; do
+      FP8_PTX=$p WEIGHT=fp8 MS=1 ONLY=7b timeout 200 python benchmarks/gemv_sweep.py 2>&1 | grep -E "^7b"
+    done
+    GP="import sys, qwick.kernels.gemv as G; G.FP8_W8A16_PTX = True; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    NOW8A8="import sys, qwick.kernels.gemv as G, qwick.quantization.w8a8 as Q; G.FP8_W8A16_PTX = True; \
+Q.W8A8LinearMethod.decode_w8a8 = False; from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization fp8"
+    run fp8_b1 $CLI $B1 --output-json "$OUT/fp8_b1.json"
+    run fp8_b1_ptx python -c "$GP" $B1 --output-json "$OUT/fp8_b1_ptx.json"
+    run fp8_b1_ptx_w8a16 python -c "$NOW8A8" $B1 --output-json "$OUT/fp8_b1_ptx_w8a16.json"
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|fp8kv|fp8kv_e2e" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|fp8kv|fp8kv_e2e|fp8gemv" >&2
     exit 2
     ;;
 esac

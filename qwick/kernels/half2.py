@@ -1,7 +1,8 @@
-"""Pieces shared by the code that computes in packed fp16 (f16x2) on the CUDA cores: the batch-1 int4
-GEMV `qwick.kernels.row_gemv_half2` and its stage-by-stage diagnosis (`benchmarks/int4_stream_diag.py`).
-Their products are PTX (`tl.inline_asm_elementwise`), which Triton's interpreter cannot run: under
-TRITON_INTERPRET=1 the kernels compute the same products in fp32 instead (`EMULATE`)."""
+"""Pieces shared by the code that computes in packed fp16 (f16x2) through PTX: the batch-1 int4 GEMV
+`qwick.kernels.row_gemv_half2` and its stage-by-stage diagnosis (`benchmarks/int4_stream_diag.py`), and
+the fp8 code conversion of the decode attention and the W8A16 GEMV (`fp8_to_f16`). PTX
+(`tl.inline_asm_elementwise`) is what Triton's interpreter cannot run: under TRITON_INTERPRET=1 the
+kernels compute the same in plain Triton instead (`EMULATE`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import triton
 import triton.language as tl
 
 EMULATE = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as Triton reads it when kernels are defined
+_EMULATE = tl.constexpr(EMULATE)
 
 
 def sum_halves_asm(acc: str = "acc", out: str = "$0") -> list[str]:
@@ -28,3 +30,37 @@ def split4(t):
     a0, a1 = tl.split(a)
     b0, b1 = tl.split(b)
     return a0, b0, a1, b1
+
+
+@triton.jit
+def fp8_to_f16(x):
+    """e4m3 codes -> fp16, four per instruction pair, in the layout the codes were loaded in. Left to
+    itself, Triton moves the conversion after the change to the dot's operand layout (fewer bytes to
+    move), and that change then reads the codes from shared memory one byte per load (128 `ld.shared.b8`
+    per thread and 128-key tile, against `ldmatrix` for 16-bit tiles). The PTX, marked impure, is not moved
+    (a pure one still was): the codes are converted where they were loaded and reach the dot as fp16.
+    Under the interpreter, which runs no PTX, a plain conversion (`EMULATE`)."""
+    if _EMULATE:
+        return x.to(tl.float16)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r",
+        [x.to(tl.uint8, bitcast=True)],
+        dtype=tl.float16,
+        is_pure=False,
+        pack=4,
+    )
+
+
+@triton.jit
+def quarter_byte_f16(x):
+    """x / 256 in fp16: finite for any |x| below 2^24 (bf16's and fp32's usual activations), where fp16
+    itself ends at 65504. The division is PTX: written in Triton, the compiler turns
+    `(x * 2^-8).to(float16)` into `x.to(float16) * 2^-8`, which overflows from 65520 on (seen in the sm_90
+    PTX of Triton 3.6). Under the interpreter, plain Triton (`EMULATE`)."""
+    if _EMULATE:
+        return (x.to(tl.float32) * 0.00390625).to(tl.float16)
+    x = tl.inline_asm_elementwise(
+        "mul.rn.f32 $0, $1, 0f3B800000;", "=r,r", [x.to(tl.float32)], dtype=tl.float32, is_pure=True, pack=1
+    )
+    return x.to(tl.float16)

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from qwick.device_upload import to_device
 from qwick.kernels.elementwise import rope_tables, rotate_halves
-from qwick.kernels.half2 import EMULATE
+from qwick.kernels.half2 import fp8_to_f16, quarter_byte_f16
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
@@ -80,7 +80,7 @@ FUSE_ROPE = True
 # layer, without a prefix 1.30 against 1.37; at 2,048 queries the third stage lost (184 against 134 us).
 # A 32k-token prompt's TTFT: 1,131.6 against 1,171.9 ms (benchmarks/long_prefill_ab.py).
 LONG_PREFILL_QUERIES = 4096
-# fp8 KV pages converted to fp16 by PTX in the decode kernel (`_fp8_to_f16`) instead of by Triton, which
+# fp8 KV pages converted to fp16 by PTX in the decode kernel (`fp8_to_f16`) instead of by Triton, which
 # reads the codes from shared memory a byte per load. Off until timed on the H200 (queued:
 # `bash benchmarks/gpu_session.sh fp8kv`).
 FP8_KV_DECODE_PTX = False
@@ -88,7 +88,6 @@ NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
 # real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
 _NEG = tl.constexpr(-1.0e30)
-_EMULATE = tl.constexpr(EMULATE)  # the interpreter: no inline PTX
 
 if TYPE_CHECKING:
     from qwick.layers.rotary import RopeStep
@@ -222,27 +221,7 @@ def _fp16_queries(q, scale_log2):
     instruction and to bf16 in three, which made an fp8 cache slower to read than a bf16 one. fp16 holds
     q / 256 for any bf16 q below 2^24 (q itself could pass fp16's 65504); the 256 returns in the softmax
     scale. Probabilities and fp8 values are exact or finer in fp16 than in bf16."""
-    return (q.to(tl.float32) * 0.00390625).to(tl.float16), scale_log2 * 256.0
-
-
-@triton.jit
-def _fp8_to_f16(x):
-    """e4m3 codes -> fp16, four per instruction pair, in the layout the codes were loaded in. Left to
-    itself, Triton moves the conversion after the change to the dot's operand layout (fewer bytes to
-    move), and that change then reads the codes from shared memory one byte per load (128 `ld.shared.b8`
-    per thread and 128-key tile, against `ldmatrix` for 16-bit tiles). The PTX, marked impure, is not moved
-    (a pure one still was): the codes are converted where they were loaded and reach the dot as fp16.
-    Under the interpreter, which runs no PTX, a plain conversion (`EMULATE`)."""
-    if _EMULATE:
-        return x.to(tl.float16)
-    return tl.inline_asm_elementwise(
-        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-        "=r,=r,r",
-        [x.to(tl.uint8, bitcast=True)],
-        dtype=tl.float16,
-        is_pure=False,
-        pack=4,
-    )
+    return quarter_byte_f16(q), scale_log2 * 256.0
 
 
 # Integers that vary with the step (split counts, and the split scratch's strides, heads x splits and
@@ -332,7 +311,7 @@ def _decode_kernel(
         k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
         if F8_PTX:
-            k, v = _fp8_to_f16(k), _fp8_to_f16(v)
+            k, v = fp8_to_f16(k), fp8_to_f16(v)
         qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
         qk = tl.where(valid[None, :], qk, _NEG)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -595,7 +574,7 @@ class TritonAttentionBackend(AttentionBackend):
     runner orders its rows the same way when the backend asks for it); `fuse_rope` lets the KV write
     apply RoPE (`write_kv_rope`); prefills of `long_prefill_queries` queries or more pipeline deeper (the
     runner's warm-up compiles that variant too); `fp8_decode_ptx` converts fp8 pages in the decode kernel
-    through PTX (`_fp8_to_f16`).
+    through PTX (`fp8_to_f16`).
 
     The kernels address the cache through its strides (page, slot in page, head), so they read either
     `kv_layout`; HND gives a decode program one contiguous run of `block_size` keys per page instead of

@@ -135,6 +135,18 @@ def test_fp8_float32_queries():
     run_case([(0, 19), (40, 1), (3, 5), (129, 1)], head_dim=64, group=2, dtype=torch.float32, block_size=4)
 
 
+@pytest.mark.parametrize("fp8_decode_ptx", [False, True])
+def test_fp8_cache_with_queries_past_fp16_range(fp8_decode_ptx):
+    """With an fp8 cache the queries go through fp16 as q / 256 (`_fp16_queries`): bf16 |q| up to ~1.3e5
+    here, past fp16's 65504, must stay finite and exact. The division is done in fp32 first (written in
+    Triton, the compiler moved it after the conversion to fp16, which then overflowed). GPU only: the
+    interpreter's queries are fp16 themselves."""
+    if INTERPRET:
+        pytest.skip("the interpreter runs bf16 cases in fp16, which cannot hold these queries")
+    specs = [(0, 5), (200, 1), (1000, 1), (37, 9)]
+    run_case(specs, q_scale=3e4, k_scale=0.5, v_scale=2.0, backend_kwargs={"fp8_decode_ptx": fp8_decode_ptx})
+
+
 @pytest.mark.parametrize("splits", [None, 3, 16])
 def test_fp8_split_kv_decode(splits):
     """Several splits per row (their partial outputs carry v_scale into the reduction)."""
