@@ -54,13 +54,28 @@ def fp8_to_f16(x):
 
 @triton.jit
 def quarter_byte_f16(x):
-    """x / 256 in fp16: finite for any |x| below 2^24 (bf16's and fp32's usual activations), where fp16
-    itself ends at 65504. The division is PTX: written in Triton, the compiler turns
-    `(x * 2^-8).to(float16)` into `x.to(float16) * 2^-8`, which overflows from 65520 on (seen in the sm_90
-    PTX of Triton 3.6). Under the interpreter, plain Triton (`EMULATE`)."""
+    """bf16 or fp16 x / 256 in fp16: finite for any |x| below 2^24, where fp16 itself ends at 65504. PTX,
+    for two reasons. Written in Triton, the compiler turns `(x * 2^-8).to(float16)` into
+    `x.to(float16) * 2^-8`, which overflows from 65520 on (seen in the sm_90 PTX of Triton 3.6). And,
+    marked impure, the conversion stays where x was loaded: an activation tile feeding a dot is otherwise
+    converted after its change to the dot's operand layout, where every warp holds the whole tile (4x the
+    conversions with 4 warps). Under the interpreter, plain Triton (`EMULATE`)."""
     if _EMULATE:
         return (x.to(tl.float32) * 0.00390625).to(tl.float16)
-    x = tl.inline_asm_elementwise(
-        "mul.rn.f32 $0, $1, 0f3B800000;", "=r,r", [x.to(tl.float32)], dtype=tl.float32, is_pure=True, pack=1
+    if x.dtype == tl.bfloat16:
+        up: tl.constexpr = "cvt.f32.bf16"
+    else:
+        up: tl.constexpr = "cvt.f32.f16"
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 a, b; .reg .f32 fa, fb; mov.b32 {a, b}, $1; "
+        + up
+        + " fa, a; "
+        + up
+        + " fb, b; mul.rn.f32 fa, fa, 0f3B800000; mul.rn.f32 fb, fb, 0f3B800000; "
+        + "cvt.rn.f16x2.f32 $0, fb, fa; }",
+        "=r,r",
+        [x],
+        dtype=tl.float16,
+        is_pure=False,
+        pack=2,
     )
-    return x.to(tl.float16)
