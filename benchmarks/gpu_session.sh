@@ -45,6 +45,8 @@
 #                                            # fp8kv_e2e: workload 3 and 32k with it and without
 #   bash benchmarks/gpu_session.sh fp8gemv   # queued: fp8 codes converted by PTX in the W8A16 GEMV: tests,
 #                                            # sweep, batch 1 fp8 with it and without
+#   bash benchmarks/gpu_session.sh shortgraphs  # queued: one-split decode graphs for short contexts: tests,
+#                                            # batch 1 (bf16, int4) with them and without
 #   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
 #                                            # (`ModelRunner.sampled_rows_only`, on): its GPU tests, the
 #                                            # 2048-token TTFT and workload 3 with it and without, greedy
@@ -364,11 +366,24 @@ Q.W8A8LinearMethod.decode_w8a8 = False; from qwick.entrypoints.cli import main; 
     run fp8_b1_ptx python -c "$GP" $B1 --output-json "$OUT/fp8_b1_ptx.json"
     run fp8_b1_ptx_w8a16 python -c "$NOW8A8" $B1 --output-json "$OUT/fp8_b1_ptx_w8a16.json"
     ;;
+  shortgraphs)  # queued: one-split decode graphs for contexts <= 256 tokens (`SHORT_CONTEXT_GRAPHS`, off
+    # until timed): the graph and no-compile tests, then batch 1 with them and without, alternating
+    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py \
+      tests/runner/test_no_compiles_while_serving.py 2>&1 | tail -2
+    SG="import sys, qwick.runner.cuda_graphs as C; C.SHORT_CONTEXT_GRAPHS = 256; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT"
+    run b1_short python -c "$SG" $B1 --output-json "$OUT/b1_short.json"
+    run b1 $CLI $B1 --output-json "$OUT/b1.json"
+    run b1_short2 python -c "$SG" $B1 --output-json "$OUT/b1_short2.json"
+    run int4_short python -c "$SG" $B1 --quantization int4 --output-json "$OUT/int4_short.json"
+    run int4 $CLI $B1 --quantization int4 --output-json "$OUT/int4.json"
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|fp8kv|fp8kv_e2e|fp8gemv" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|fp8kv|fp8kv_e2e|fp8gemv|shortgraphs" >&2
     exit 2
     ;;
 esac

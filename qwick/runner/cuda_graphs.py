@@ -21,6 +21,10 @@ Design:
   for any context length. Scratch buffers (split partials) live in the captured metadata's plan.
 - All graphs share one memory pool, captured from the largest bucket down, so smaller graphs reuse the
   largest one's activation memory. Replays are sequential on one stream, which makes the sharing safe.
+- With `short_context` > 0, a second set of graphs pins one split per row for steps whose contexts all
+  fit in `short_context` tokens: a split count chosen at `max_model_len` leaves most splits of a short
+  row empty and adds the reduction launch (H200, one layer at batch 1 and 128 tokens: 8.4 us with 32
+  splits, 5.5 with one; batch 64 at 256 tokens: 22.8 against 16.1).
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ from qwick.layers.attention.backend import AttentionMetadata
 logger = logging.getLogger(__name__)
 
 MAX_GRAPH_BATCH = 256
+# Contexts up to this many tokens replay the one-split graphs (0: no such graphs). Off until the A/B on
+# the H200 (queued: `bash benchmarks/gpu_session.sh shortgraphs`).
+SHORT_CONTEXT_GRAPHS = 0
 
 
 def decode_buckets(max_batch: int) -> list[int]:
@@ -90,8 +97,11 @@ class DecodeGraphRunner:
         self.query_start_loc = torch.arange(self.max_bs + 1, dtype=torch.int32, device=device)
         self.decode_rows = torch.arange(self.max_bs, dtype=torch.int32, device=device)
         self.graphs: dict[int, _Graph] = {}
+        self.short_context = SHORT_CONTEXT_GRAPHS
+        self.short_graphs: dict[int, _Graph] = {}  # one split per row, for contexts <= short_context
         self.pool = None
         self.num_replays = 0
+        self.num_short_replays = 0  # of those, replays of the one-split graphs
         self.graph_bytes = 0
         self.num_kv_heads = model.attention_layers()[0].num_kv_heads
         self._uploaded: torch.cuda.Event | None = None  # the last host->device copy of `host`
@@ -188,13 +198,16 @@ class DecodeGraphRunner:
 
     # ---- capture -------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run_eager(self, bs: int, md: AttentionMetadata | None = None) -> torch.Tensor:
+    def run_eager(
+        self, bs: int, md: AttentionMetadata | None = None, splits: int | None = None
+    ) -> torch.Tensor:
         """One padded all-padding forward at bucket `bs` (memory profiling, warm-up); touches no KV.
-        `md` (from `_metadata(bs)`) keeps the attention scratch the forward allocates, as a graph does."""
+        `md` (from `_metadata(bs)`) keeps the attention scratch the forward allocates, as a graph does.
+        `splits`: the decode split count to pin (None: the heuristic's at max_model_len)."""
         self._fill_host(bs, [], [], [])
         self._upload(bs)
         md = md if md is not None else self._metadata(bs)
-        return self._with_splits(bs, lambda: self._forward(bs, md))
+        return self._with_splits(bs, lambda: self._forward(bs, md), splits)
 
     def profile_pool_bytes(self) -> int:
         """About the bytes the graphs' shared pool will reserve, measured before capture: every bucket's
@@ -206,20 +219,28 @@ class DecodeGraphRunner:
         base = torch.cuda.memory_reserved(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         kept = []
-        for bs in reversed(self.buckets):
-            md = self._metadata(bs)
-            kept.append((md, self.run_eager(bs, md)))
+        for splits in self._split_sets():
+            for bs in reversed(self.buckets):
+                md = self._metadata(bs)
+                kept.append((md, self.run_eager(bs, md, splits)))
         torch.cuda.synchronize(self.device)
         used = torch.cuda.max_memory_reserved(self.device) - base
         del kept
         return used
 
-    def _with_splits(self, bs: int, fn):
+    def _split_sets(self) -> list[int | None]:
+        """The graph sets to capture, by pinned split count: the heuristic's (None), then one split when
+        short-context graphs are on."""
+        short = self.short_context > 0 and hasattr(self.backend, "fixed_num_splits")
+        return [None, 1] if short else [None]
+
+    def _with_splits(self, bs: int, fn, splits: int | None = None):
         if not hasattr(self.backend, "fixed_num_splits"):
             return fn()
         old = self.backend.fixed_num_splits
-        self.backend.fixed_num_splits = None
-        splits = self.backend.num_splits(bs, self.num_kv_heads, self.max_model_len)
+        if splits is None:
+            self.backend.fixed_num_splits = None
+            splits = self.backend.num_splits(bs, self.num_kv_heads, self.max_model_len)
         self.backend.fixed_num_splits = splits
         try:
             return fn()
@@ -232,29 +253,31 @@ class DecodeGraphRunner:
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # capture empties the cache itself: measure from an empty one
         before = torch.cuda.memory_reserved(self.device)
-        for bs in reversed(self.buckets):
-            self._fill_host(bs, [], [], [])
-            self._upload(bs)
-            md = self._metadata(bs)
+        for splits in self._split_sets():
+            graphs = self.graphs if splits is None else self.short_graphs
+            for bs in reversed(self.buckets):
+                self._fill_host(bs, [], [], [])
+                self._upload(bs)
+                md = self._metadata(bs)
 
-            def body(bs=bs, md=md):
-                self._forward(bs, md)  # warm-up: Triton compiles, cuBLAS picks its kernels
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    hidden = self._forward(bs, md)
-                return graph, hidden
+                def body(bs=bs, md=md):
+                    self._forward(bs, md)  # warm-up: Triton compiles, cuBLAS picks its kernels
+                    torch.cuda.synchronize(self.device)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self.pool):
+                        hidden = self._forward(bs, md)
+                    return graph, hidden
 
-            graph, hidden = self._with_splits(bs, body)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[bs] = _Graph(bs, graph, hidden, md)
+                graph, hidden = self._with_splits(bs, body, splits)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                graphs[bs] = _Graph(bs, graph, hidden, md)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # drops the warm-ups' cached blocks; the graphs' pool stays
         self.graph_bytes = torch.cuda.memory_reserved(self.device) - before
         logger.info(
             "captured %d decode CUDA graphs (batch %d..%d) in %.1f s, %.1f MiB",
-            len(self.graphs),
+            len(self.graphs) + len(self.short_graphs),
             self.buckets[0],
             self.max_bs,
             time.perf_counter() - t0,
@@ -277,11 +300,13 @@ class DecodeGraphRunner:
         next replay). `patch(ids)` may overwrite token ids on the device after the upload (async
         scheduling fills in tokens the host has not seen yet)."""
         bs = self.bucket_for(len(token_ids))
-        g = self.graphs[bs]
+        short = self.short_graphs and max(positions) < self.short_context  # contexts <= short_context
+        g = (self.short_graphs if short else self.graphs)[bs]
         self._fill_host(bs, token_ids, positions, block_tables)
         self._upload(bs)
         if patch is not None:
             patch(self._views(bs)["ids"])
         g.graph.replay()
         self.num_replays += 1
+        self.num_short_replays += bool(short)
         return g.hidden

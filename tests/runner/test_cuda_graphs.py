@@ -52,9 +52,10 @@ def _run(path, dtype, enforce_eager, batches):
     runner = llm.llm_engine.core.runner
     replays = runner.num_graph_replays
     has_graphs = runner.graph_runner is not None
+    short = runner.graph_runner.num_short_replays if has_graphs else 0
     del llm
     torch.cuda.empty_cache()
-    return results, replays, has_graphs
+    return results, replays, has_graphs, short
 
 
 @pytest.mark.parametrize("longest_first", [False, True])
@@ -66,11 +67,29 @@ def test_graphs_match_eager(tiny_path, dtype, longest_first, monkeypatch):
 
     monkeypatch.setattr(triton_backend, "LONGEST_FIRST", longest_first)
     batches = (3, 5, 1, 8)
-    eager, eager_replays, eager_graphs = _run(tiny_path, dtype, True, batches)
-    graph, replays, has_graphs = _run(tiny_path, dtype, False, batches)
+    eager, eager_replays, eager_graphs, _ = _run(tiny_path, dtype, True, batches)
+    graph, replays, has_graphs, _ = _run(tiny_path, dtype, False, batches)
     assert not eager_graphs and eager_replays == 0
     assert has_graphs and replays > 0
+    _assert_same_tokens(batches, eager, graph)
+
+
+def _assert_same_tokens(batches, eager, graph) -> None:
     for n, e, gr in zip(batches, eager, graph):
         for i, (a, b) in enumerate(zip(e, gr)):
             div = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
             assert a == b, f"batch {n} request {i}: graph output diverges from eager at token {div}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_short_context_graphs_match_eager(tiny_path, dtype, monkeypatch):
+    """`SHORT_CONTEXT_GRAPHS`: steps whose contexts all fit replay the one-split graphs, the others the
+    usual ones (prompts of 1-59 tokens and 8-57 outputs cross the 64-token line), same tokens as eager."""
+    from qwick.runner import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "SHORT_CONTEXT_GRAPHS", 64)
+    batches = (3, 5, 1, 8)
+    eager, _, _, _ = _run(tiny_path, dtype, True, batches)
+    graph, replays, has_graphs, short = _run(tiny_path, dtype, False, batches)
+    assert has_graphs and 0 < short < replays
+    _assert_same_tokens(batches, eager, graph)
