@@ -1,0 +1,125 @@
+"""Instruction counts in the sm_90 PTX of qwick's attention and GEMV kernels, compiled without a GPU.
+
+Triton compiles for a target without a device (ptxas ships with it). The 16-divisibility a launch would
+give pointers and strides is passed as it would be, so the loads vectorize as on the H200. Counting what
+the inner loops do (byte-wide shared-memory loads, conversions, ldmatrix, mma) finds waste before device
+time is spent on it: this is how the fp8 pages' `ld.shared.b8` and the fp16 query overflow were found.
+
+    python benchmarks/ptx_counts.py            # every variant below
+    python benchmarks/ptx_counts.py decode     # the variants whose name starts with this
+
+Use the device's Triton (3.6) for figures that mean something there: a venv with `pip install
+triton==3.6.0 torch==2.13.0` runs this as well.
+"""
+
+import os
+import re
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.getcwd())
+from qwick.kernels.gemv import _gemv_kernel  # noqa: E402
+from qwick.layers.attention.triton_backend import _decode_kernel, _extend_kernel  # noqa: E402
+
+COUNTED = [
+    "ld.shared.b8",
+    "ld.shared.v2",
+    "ld.shared.v4",
+    "st.shared.v4",
+    "ldmatrix",
+    "cp.async.cg",
+    "cvt.rn.f16x2.e4m3x2",
+    "cvt.bf16.f16",
+    "cvt.f32.bf16",
+    "mul.f16x2",
+    "mma.sync",
+    "wgmma.mma_async",
+]
+_STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_cb", "stride_cs", "stride_ch")
+
+
+def compile_ptx(fn, sig: dict, const: dict, divisible: list[str], num_warps: int, num_stages: int):
+    sig = dict(sig) | {k: "constexpr" for k in const}
+    names = list(sig)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+    opts = dict(num_warps=num_warps, num_stages=num_stages)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def decode(fp8: bool, ptx: bool, block_n: int, warps: int, stages: int):
+    kv = "*fp8e4nv" if fp8 else "*bf16"
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": kv, "v_cache_ptr": kv, "out_ptr": "*bf16", "mid_o_ptr": "*fp32"}
+    sig |= {"mid_lse_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32"}
+    sig |= {"query_start_ptr": "*i32", "rows_ptr": "*i32", "scale_log2": "fp32", "v_scale": "fp32"}
+    sig |= {n: "i32" for n in ("num_splits", "window", "group", "stride_qt", "stride_qh", "stride_ot")}
+    sig |= {n: "i32" for n in ("stride_oh", "stride_bt", "stride_cb", "stride_cs", "stride_ch")}
+    sig |= {n: "i32" for n in ("stride_mo_r", "stride_mo_h", "stride_mo_s", "stride_ml_r", "stride_ml_h")}
+    const = dict(G_PAD=16, HEAD_DIM=128, D_PAD=128, BLOCK_SIZE=16, BLOCK_N=block_n, DOT_PREC="tf32")
+    const |= dict(KV_FP8=fp8, F16_DOT=fp8, HEADS_FIRST=True, F8_PTX=ptx)
+    div = (
+        [n for n in sig if n.endswith("_ptr")]
+        + list(_STRIDES)
+        + ["stride_mo_r", "stride_mo_h", "stride_mo_s"]
+    )
+    return compile_ptx(_decode_kernel, sig, const, div, warps, stages)
+
+
+def extend(fp8: bool, stages: int):
+    kv = "*fp8e4nv" if fp8 else "*bf16"
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": kv, "v_cache_ptr": kv, "out_ptr": "*bf16"}
+    sig |= {
+        "block_tables_ptr": "*i32",
+        "seq_lens_ptr": "*i32",
+        "query_start_ptr": "*i32",
+        "tiles_ptr": "*i32",
+    }
+    sig |= {"scale_log2": "fp32", "v_scale": "fp32", "window": "i32", "group": "i32"}
+    sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_bt")}
+    sig |= {n: "i32" for n in ("stride_cb", "stride_cs", "stride_ch")}
+    const = dict(HEAD_DIM=128, D_PAD=128, BLOCK_SIZE=16, BLOCK_M=128, BLOCK_N=128, DOT_PREC="tf32")
+    const |= dict(KV_FP8=fp8, F16_DOT=fp8)
+    div = [n for n in sig if n.endswith("_ptr")] + list(_STRIDES)
+    return compile_ptx(_extend_kernel, sig, const, div, 8, stages)
+
+
+def gemv(weight: str, ptx: bool, block_n: int, block_k: int, split: int, stages: int):
+    w = {"fp8": "*fp8e4nv", "int8": "*i8"}[weight]
+    sig = {"x_ptr": "*bf16", "w_ptr": w, "s_ptr": "*fp32", "xs_ptr": "*fp32", "b_ptr": "*bf16"}
+    sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
+    sig |= {n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "stride_xs")}
+    const = dict(HAS_SCALE=True, X_CODES=False, X_GROUP=0, INT_DOT=False, W_F16_PTX=ptx, HAS_BIAS=False)
+    const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True)
+    div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
+    return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
+
+
+VARIANTS = {
+    "decode bf16 (64 keys, 4 warps, 2 stages)": lambda: decode(False, False, 64, 4, 2),
+    "decode fp8 (128 keys, 4 warps, 2 stages)": lambda: decode(True, False, 128, 4, 2),
+    "decode fp8 + PTX conversion": lambda: decode(True, True, 128, 4, 2),
+    "extend bf16 (128 x 128, 2 stages)": lambda: extend(False, 2),
+    "extend fp8 (128 x 128, 2 stages)": lambda: extend(True, 2),
+    "gemv fp8 W8A16 (32 x 256)": lambda: gemv("fp8", False, 32, 256, 4, 3),
+    "gemv fp8 W8A16 + PTX conversion": lambda: gemv("fp8", True, 32, 256, 4, 3),
+    "gemv int8 W8A16 (32 x 256)": lambda: gemv("int8", False, 32, 256, 4, 3),
+}
+
+
+def main() -> None:
+    prefix = sys.argv[1] if len(sys.argv) > 1 else ""
+    print(f"Triton {triton.__version__}, sm_90 PTX; counts of: {', '.join(COUNTED)}, then shared memory")
+    for name, build in VARIANTS.items():
+        if not name.startswith(prefix):
+            continue
+        kernel = build()
+        ptx = kernel.asm["ptx"]
+        counts = " ".join(f"{len(re.findall(re.escape(op), ptx)):4d}" for op in COUNTED)
+        print(f"{name:42s} {counts}  {kernel.metadata.shared // 1024} KB", flush=True)
+
+
+if __name__ == "__main__":
+    main()
