@@ -82,19 +82,12 @@ def test_fp8_decode_rows(head_dim, group, num_kv_heads, dtype, k_scale, v_scale)
     ],
 )
 def test_fp8_decode_rows_converted_by_ptx(head_dim, group, num_kv_heads, dtype, splits):
-    """`fp8_decode_ptx`: the decode kernel converts the pages through `_fp8_to_f16` (the interpreter runs
+    """`fp8_decode_ptx`: the decode kernel converts the pages through `fp8_to_f16` (the interpreter runs
     a plain conversion in its place)."""
-    specs = [(c, 1) for c in DECODE_CONTEXTS + [4100]]
+    heads = dict(head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
     kwargs = {"fp8_decode_ptx": True} | ({"fixed_num_splits": splits} if splits else {})
     run_case(
-        specs,
-        head_dim=head_dim,
-        group=group,
-        num_kv_heads=num_kv_heads,
-        dtype=dtype,
-        k_scale=0.37,
-        v_scale=1.7,
-        backend_kwargs=kwargs,
+        [(c, 1) for c in DECODE_CONTEXTS + [4100]], k_scale=0.37, v_scale=1.7, backend_kwargs=kwargs, **heads
     )
 
 
