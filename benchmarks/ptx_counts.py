@@ -1,9 +1,11 @@
-"""Instruction counts in the sm_90 PTX of qwick's attention and GEMV kernels, compiled without a GPU.
+"""Instruction counts in the sm_90 PTX and SASS of qwick's attention and GEMV kernels, compiled without
+a GPU.
 
-Triton compiles for a target without a device (ptxas ships with it). The 16-divisibility a launch would
-give pointers and strides is passed as it would be, so the loads vectorize as on the H200. Counting what
-the inner loops do (byte-wide shared-memory loads, conversions, ldmatrix, mma) finds waste before device
-time is spent on it: this is how the fp8 pages' `ld.shared.b8` and the fp16 query overflow were found.
+Triton compiles for a target without a device (ptxas and nvdisasm ship with it). The 16-divisibility a
+launch would give pointers and strides is passed as it would be, so the loads vectorize as on the H200.
+Counting what the kernels do (byte-wide shared-memory loads, conversions, ldmatrix, mma) finds waste
+before device time is spent on it: this is how the fp8 pages' `ld.shared.b8` and the fp16 query overflow
+were found. The SASS line counts static instructions (the whole kernel, each loop body once).
 
     python benchmarks/ptx_counts.py            # every variant below
     python benchmarks/ptx_counts.py decode     # the variants whose name starts with this
@@ -14,7 +16,10 @@ triton==3.6.0 torch==2.13.0` runs this as well.
 
 import os
 import re
+import subprocess
 import sys
+import tempfile
+from collections import Counter
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -38,6 +43,7 @@ COUNTED = [
     "mma.sync",
     "wgmma.mma_async",
 ]
+SASS_COUNTED = ["LDS", "LDSM", "STS", "LDGSTS", "F2F", "F2FP", "PRMT", "HMMA", "HGMMA", "MUFU"]
 _STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_cb", "stride_cs", "stride_ch")
 
 
@@ -109,6 +115,17 @@ VARIANTS = {
 }
 
 
+def sass_counts(kernel) -> tuple[int, Counter]:
+    """Static SASS instructions of a compiled kernel, in all and by opcode (without modifiers)."""
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
+    return len(ops), Counter(op.split(".")[0] for op in ops)
+
+
 def main() -> None:
     prefix = sys.argv[1] if len(sys.argv) > 1 else ""
     print(f"Triton {triton.__version__}, sm_90 PTX; counts of: {', '.join(COUNTED)}, then shared memory")
@@ -119,6 +136,8 @@ def main() -> None:
         ptx = kernel.asm["ptx"]
         counts = " ".join(f"{len(re.findall(re.escape(op), ptx)):4d}" for op in COUNTED)
         print(f"{name:42s} {counts}  {kernel.metadata.shared // 1024} KB", flush=True)
+        total, ops = sass_counts(kernel)
+        print(f"{'  SASS':42s} {total} in all; " + " ".join(f"{op} {ops.get(op, 0)}" for op in SASS_COUNTED))
 
 
 if __name__ == "__main__":

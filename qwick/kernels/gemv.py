@@ -25,9 +25,9 @@ from qwick.kernels.half2 import fp8_to_f16, quarter_byte_f16
 MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
 # fp8 weight codes (W8A16) converted to fp16 by PTX (`fp8_to_f16`) and multiplied by x / 256 in fp16,
 # instead of Triton's conversion to x's dtype: e4m3 pairs to fp16, then every value to bf16 by a scalar
-# `cvt.bf16.f16` (64 per loop in the sm_90 PTX: the `F2F` of the H200 profile in BENCHMARKS.md). The
-# activation tile's conversion costs about as many instructions, so only a timing can tell. Off until
-# then (queued: `bash benchmarks/gpu_session.sh fp8gemv`).
+# `F2F` (64 in the sm_90 SASS, beside 48 `LDS`: what the H200 profile in BENCHMARKS.md counted). With the
+# PTX: no `F2F`, 24 `LDS`, but the activation tile's conversion; 624 static instructions against 680
+# (`benchmarks/ptx_counts.py`). Off until timed (queued: `bash benchmarks/gpu_session.sh fp8gemv`).
 FP8_W8A16_PTX = False
 
 
