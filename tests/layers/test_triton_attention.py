@@ -297,6 +297,8 @@ def test_float32_and_small_head_dims(dtype):
     for head_dim in (128, 64, 32, 16):
         specs = [(0, 19), (40, 1), (3, 5), (129, 1), (200, 33)]
         run_case(specs, head_dim=head_dim, group=2, num_kv_heads=2, dtype=dtype, block_size=4)
+    # Pages longer than fp32's 16-key tiles: a key's place in its page then changes from tile to tile.
+    run_case([(0, 50), (70, 1), (33, 40)], head_dim=64, group=2, num_kv_heads=2, dtype=dtype, block_size=32)
 
 
 @pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS[:3], ids=HEAD_IDS[:3])

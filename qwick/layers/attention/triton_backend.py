@@ -417,11 +417,18 @@ def _extend_tiles(
     DOT_PREC: tl.constexpr,
 ):
     """Online-softmax over key tiles [n_start, n_end); MASKED=False for tiles every query fully sees."""
+    # Tiles start at multiples of BLOCK_N (the callers' bounds are), so with pages that divide a tile a
+    # key's place inside its page is the same in every tile: its offset is computed once, out of the loop.
+    if BLOCK_N % BLOCK_SIZE == 0:
+        in_page = (tl.arange(0, BLOCK_N) % BLOCK_SIZE) * stride_cs
     for n0 in range(n_start, n_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         in_seq = n < seq_len
         page = tl.load(bt_row + n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
-        at = page * stride_cb + (n % BLOCK_SIZE) * stride_cs  # the keys' slots (any `kv_layout`)
+        if BLOCK_N % BLOCK_SIZE == 0:
+            at = page * stride_cb + in_page  # the keys' slots (any `kv_layout`)
+        else:
+            at = page * stride_cb + (n % BLOCK_SIZE) * stride_cs
         kv_mask = _tile_mask(in_seq, d, HEAD_DIM, D_PAD)
         k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
