@@ -38,8 +38,8 @@
 #   bash benchmarks/gpu_session.sh hfrows    # transformers beside batch 1 at 8k and 32k context and startup
 #   bash benchmarks/gpu_session.sh longprefill  # prefill chunks of 4096+ queries pipelined deeper: tests,
 #                                            # the 32k and 8k TTFT with it and without
-#   bash benchmarks/gpu_session.sh next      # queued: kernel and layer GPU tests after the extend kernel's
-#                                            # FMA change, greedy tokens with an fp32 yardstick, the sweep
+#   bash benchmarks/gpu_session.sh next      # queued: kernel and layer GPU tests after this session's kernel
+#                                            # changes; next2: greedy tokens with an fp32 yardstick, the sweep
 #   bash benchmarks/gpu_session.sh fp8kv     # queued: fp8 KV pages converted by PTX in decode attention
 #                                            # (`fp8_decode_ptx`): its tests and the fp8 decode sweep;
 #                                            # fp8kv_e2e: workload 3 and 32k with it and without
@@ -326,8 +326,10 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     done
     ;;
   next)  # queued after the twelfth session: every kernel and layer GPU test (the extend kernel's FMA change
-    # with fp8 KV caches too), greedy tokens with the fp32 yardstick, the extend launch-shape sweep
+    # and paged addressing, the fp8 query conversion, the PTX paths), then `next2`
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/layers 2>&1 | tail -3
+    ;;
+  next2)  # greedy tokens with the fp32 yardstick, the extend launch-shape sweep
     python benchmarks/greedy_vs_transformers.py 2>&1 | grep -E "^(quantization|prompt)" | tee "$OUT/models.log"
     SWEEP=1 python benchmarks/extend_prefix_probe.py 2>&1 | tail -11
     ;;
@@ -383,7 +385,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|fp8kv|fp8kv_e2e|fp8gemv|shortgraphs" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|fp8kv|fp8kv_e2e|fp8gemv|shortgraphs" >&2
     exit 2
     ;;
 esac
