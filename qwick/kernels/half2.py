@@ -32,6 +32,26 @@ def split4(t):
     return a0, b0, a1, b1
 
 
+# The PTX of `fp8_to_f16` (four e4m3 codes in $2 -> fp16 pairs $0, $1) and of `quarter_byte_f16` (a pair
+# of 16-bit floats in $1 -> the fp16 pair of their quarters of a byte in $0; `up` widens one to fp32).
+FP8_TO_F16_ASM = (
+    "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }"
+)
+
+
+def quarter_byte_asm(up: str) -> str:
+    return (
+        "{ .reg .b16 a, b; .reg .f32 fa, fb; mov.b32 {a, b}, $1; "
+        f"{up} fa, a; {up} fb, b; mul.rn.f32 fa, fa, 0f3B800000; mul.rn.f32 fb, fb, 0f3B800000; "
+        "cvt.rn.f16x2.f32 $0, fb, fa; }"
+    )
+
+
+_FP8_TO_F16_ASM = tl.constexpr(FP8_TO_F16_ASM)
+_QUARTER_BF16_ASM = tl.constexpr(quarter_byte_asm("cvt.f32.bf16"))
+_QUARTER_F16_ASM = tl.constexpr(quarter_byte_asm("cvt.f32.f16"))
+
+
 @triton.jit
 def fp8_to_f16(x):
     """e4m3 codes -> fp16, four per instruction pair, in the layout the codes were loaded in. Left to
@@ -43,7 +63,7 @@ def fp8_to_f16(x):
     if _EMULATE:
         return x.to(tl.float16)
     return tl.inline_asm_elementwise(
-        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        _FP8_TO_F16_ASM,
         "=r,=r,r",
         [x.to(tl.uint8, bitcast=True)],
         dtype=tl.float16,
@@ -63,16 +83,11 @@ def quarter_byte_f16(x):
     if _EMULATE:
         return (x.to(tl.float32) * 0.00390625).to(tl.float16)
     if x.dtype == tl.bfloat16:
-        up: tl.constexpr = "cvt.f32.bf16"
+        asm: tl.constexpr = _QUARTER_BF16_ASM
     else:
-        up: tl.constexpr = "cvt.f32.f16"
+        asm: tl.constexpr = _QUARTER_F16_ASM
     return tl.inline_asm_elementwise(
-        "{ .reg .b16 a, b; .reg .f32 fa, fb; mov.b32 {a, b}, $1; "
-        + up
-        + " fa, a; "
-        + up
-        + " fb, b; mul.rn.f32 fa, fa, 0f3B800000; mul.rn.f32 fb, fb, 0f3B800000; "
-        + "cvt.rn.f16x2.f32 $0, fb, fa; }",
+        asm,
         "=r,r",
         [x],
         dtype=tl.float16,

@@ -1,5 +1,6 @@
-"""The int4 f16x2 GEMV's PTX (`qwick.kernels.row_gemv_half2`), run by a small emulator of the instructions
-it uses: Triton's interpreter runs no PTX, so without this the CPU suite would not check the decoding."""
+"""The PTX of the f16x2 code (the int4 GEMV of `qwick.kernels.row_gemv_half2`, the conversions of
+`qwick.kernels.half2`), run by small emulators of the instructions it uses: Triton's interpreter runs no
+PTX, so without them the CPU suite would not check the decoding, the packing or the rounding order."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from qwick.kernels.row_gemv_half2 import _dot4_asm
 
@@ -78,3 +80,71 @@ def test_dot4_sums_the_decoded_products():
         inputs[22] = _bits(np.array([-(64 + z), -(64 + z)]))
         expected = float(((codes - z) * x.astype(np.float64)).sum())
         assert run_ptx(asm, inputs) == pytest.approx(expected, abs=1e-2)
+
+
+def _run_conversion_ptx(asm: str, inputs: dict[str, int]) -> dict[str, int]:
+    """Execute the conversion PTX of `qwick.kernels.half2` on 32-bit registers; returns every register.
+    16-bit halves are split little-endian (`mov.b32 {lo, hi}`, as PTX packs them)."""
+    regs: dict[str, object] = dict(inputs)
+
+    def h16(bits: int, dtype: torch.dtype) -> float:
+        return torch.tensor([bits], dtype=torch.int32).to(torch.int16).view(dtype).float().item()
+
+    for line in asm.strip("{} ").split(";"):
+        line = line.strip()
+        if not line or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        a = [x.strip() for x in args.split(",")]
+        if op == "mov.b32" and args.startswith("{"):
+            lo, hi, src = re.match(r"\{(\w+), (\w+)\}, (\S+)", args).groups()
+            regs[lo], regs[hi] = regs[src] & 0xFFFF, regs[src] >> 16
+        elif op == "cvt.rn.f16x2.e4m3x2":  # d.lo from the low byte, d.hi from the high byte (exact)
+            codes = torch.tensor([regs[a[1]] & 0xFF, regs[a[1]] >> 8], dtype=torch.uint8)
+            regs[a[0]] = _bits(codes.view(torch.float8_e4m3fn).float().numpy())
+        elif op in ("cvt.f32.bf16", "cvt.f32.f16"):
+            regs[a[0]] = np.float32(h16(regs[a[1]], torch.bfloat16 if op.endswith("bf16") else torch.float16))
+        elif op == "mul.rn.f32":
+            factor = np.array([int(a[2][2:], 16)], dtype=np.uint32).view(np.float32)[0]
+            regs[a[0]] = np.float32(regs[a[1]] * factor)
+        elif op == "cvt.rn.f16x2.f32":  # d.hi from the first source, d.lo from the second
+            regs[a[0]] = _bits(np.array([regs[a[2]], regs[a[1]]], dtype=np.float32))
+        else:
+            raise AssertionError(f"no emulation of {op}")
+    return regs
+
+
+def test_fp8_to_f16_keeps_the_codes_in_order():
+    """Four e4m3 codes of a word (byte i = element i) come out as fp16 pairs ($0: elements 0, 1; $1: 2, 3),
+    as `tl.inline_asm_elementwise(pack=4)` expects."""
+    from qwick.kernels.half2 import FP8_TO_F16_ASM
+
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        codes = rng.integers(0, 256, size=4)
+        codes[(codes & 0x7F) == 0x7F] = 0x3C  # NaN codes: any other value
+        word = sum(int(c) << (8 * i) for i, c in enumerate(codes))
+        regs = _run_conversion_ptx(FP8_TO_F16_ASM, {"$2": word})
+        got = np.concatenate([_f16x2(regs["$0"]), _f16x2(regs["$1"])]).astype(np.float32)
+        want = torch.tensor(codes, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_quarter_byte_divides_in_fp32_first(dtype):
+    """x / 256 to fp16 for a pair of 16-bit floats ($1: element 0 in the low half): the division comes
+    before the narrowing, so bf16 values past fp16's 65504 stay finite; small values round as fp16 does."""
+    from qwick.kernels.half2 import quarter_byte_asm
+
+    asm = quarter_byte_asm("cvt.f32.bf16" if dtype == torch.bfloat16 else "cvt.f32.f16")
+    values = [1.0, -3.5, 1e-3, 300.0, 6e4]
+    if dtype == torch.bfloat16:
+        values += [7e4, -1.3e5, 3e6, 1.6e7]
+    x = torch.tensor(values, dtype=dtype)
+    bits = x.view(torch.int16).to(torch.int32) & 0xFFFF
+    for i in range(0, len(values) - 1):
+        regs = _run_conversion_ptx(asm, {"$1": int(bits[i]) | (int(bits[i + 1]) << 16)})
+        got = _f16x2(regs["$0"])
+        want = (x[i : i + 2].float() / 256).to(torch.float16).numpy()
+        assert np.isfinite(got).all()
+        np.testing.assert_array_equal(got, want)
