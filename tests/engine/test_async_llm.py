@@ -21,17 +21,10 @@ from qwick.engine.async_llm import AsyncLLM, EngineDeadError
 from qwick.engine.core_proc import EngineCoreProc
 from qwick.engine.engine_core import EngineCore
 from qwick.loader.model_loader import load_config
-from tests.utils import VOCAB, make_tiny_model
+from tests.utils import VOCAB
 
 ENGINE_ARGS = dict(dtype="float32", num_gpu_blocks_override=256, block_size=4, max_model_len=256)
 TEXTS = ["hello world", "def fib(n):", "你好，世界", "The quick brown fox", "tiny test corpus"]
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("tiny-qwen2-async"))
-    make_tiny_model("qwen2", path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +45,15 @@ def run(loop):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_path, run):
-    llm = run(AsyncLLM.create(EngineConfig(model=tiny_path, **ENGINE_ARGS)))
+def engine(tiny_qwen2_dir, run):
+    llm = run(AsyncLLM.create(EngineConfig(model=tiny_qwen2_dir, **ENGINE_ARGS)))
     yield llm
     run(llm.shutdown(drain_timeout=5))
 
 
 @pytest.fixture(scope="module")
-def offline(tiny_path):
-    return LLM(tiny_path, **ENGINE_ARGS)
+def offline(tiny_qwen2_dir):
+    return LLM(tiny_qwen2_dir, **ENGINE_ARGS)
 
 
 async def collect(engine: AsyncLLM, prompt, params: SamplingParams, request_id: str) -> list:
@@ -84,9 +77,9 @@ def idle(engine: AsyncLLM) -> bool:
     )
 
 
-def test_ready_reports_model_info(engine, tiny_path):
+def test_ready_reports_model_info(engine, tiny_qwen2_dir):
     assert engine.is_healthy and engine.engine_process.is_alive()
-    assert engine.model_path == tiny_path and engine.vocab_size == VOCAB
+    assert engine.model_path == tiny_qwen2_dir and engine.vocab_size == VOCAB
     assert engine.max_model_len == 256 and engine.device == "cpu" and engine.dtype == "float32"
     assert engine.num_kv_tokens == 255 * 4 and engine.eos_token_ids == {1}
     assert engine.tokenizer is not None and engine.input_processor is not None
@@ -289,9 +282,9 @@ def test_shutdown_drains_in_flight_request(engine, run):
     assert tmpdir is not None and not os.path.exists(tmpdir)
 
 
-def test_killed_core_fails_in_flight_requests(tiny_path):
+def test_killed_core_fails_in_flight_requests(tiny_qwen2_dir):
     async def main():
-        async with await AsyncLLM.create(EngineConfig(model=tiny_path, **ENGINE_ARGS)) as llm:
+        async with await AsyncLLM.create(EngineConfig(model=tiny_qwen2_dir, **ENGINE_ARGS)) as llm:
             gen = llm.generate(list(range(10, 40)), SamplingParams(max_tokens=220, ignore_eos=True), "doomed")
             await gen.__anext__()
             llm.engine_process.kill()
@@ -307,18 +300,18 @@ def test_killed_core_fails_in_flight_requests(tiny_path):
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
-def test_core_start_failure_raises_runtime_error(tiny_path):
+def test_core_start_failure_raises_runtime_error(tiny_qwen2_dir):
     # 8 blocks of 4 tokens cannot hold one max_model_len=256 request: the core refuses to start.
-    config = EngineConfig(model=tiny_path, **{**ENGINE_ARGS, "num_gpu_blocks_override": 8})
+    config = EngineConfig(model=tiny_qwen2_dir, **{**ENGINE_ARGS, "num_gpu_blocks_override": 8})
     with pytest.raises(RuntimeError, match="fewer than max_model_len"):
         asyncio.run(asyncio.wait_for(AsyncLLM.create(config), 30))
 
 
-def test_core_loop_survives_bad_input_and_reports_a_failing_step(tiny_path, tmp_path):
+def test_core_loop_survives_bad_input_and_reports_a_failing_step(tiny_qwen2_dir, tmp_path):
     """The core loop in this process (a thread), on real sockets: bad messages are skipped, a step that
     raises is reported as EngineFatal and ends the loop."""
-    config = EngineConfig(model=tiny_path, **ENGINE_ARGS)
-    core = EngineCore(config, load_config(tiny_path), tiny_path, 256)
+    config = EngineConfig(model=tiny_qwen2_dir, **ENGINE_ARGS)
+    core = EngineCore(config, load_config(tiny_qwen2_dir), tiny_qwen2_dir, 256)
     ctx = zmq.Context()
     core_in, api_out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     core_out, api_in = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)

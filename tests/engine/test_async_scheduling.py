@@ -10,14 +10,6 @@ import pytest
 import torch
 
 from qwick import LLM, SamplingParams
-from tests.utils import make_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("tiny_async"))
-    make_tiny_model("qwen2", path)
-    return path
 
 
 def _requests():
@@ -70,9 +62,9 @@ def _run(path, async_scheduling, **engine):
     ],
     ids=["roomy", "chunked", "preempting"],
 )
-def test_async_scheduling_gives_the_synchronous_tokens(tiny, engine):
-    sync, _ = _run(tiny, False, **engine)
-    asynced, preemptions = _run(tiny, True, **engine)
+def test_async_scheduling_gives_the_synchronous_tokens(tiny_qwen2_dir, engine):
+    sync, _ = _run(tiny_qwen2_dir, False, **engine)
+    asynced, preemptions = _run(tiny_qwen2_dir, True, **engine)
     if engine.get("num_gpu_blocks_override") == 40:
         assert preemptions > 0
     assert len(sync) == len(asynced)
@@ -85,9 +77,9 @@ def test_async_scheduling_gives_the_synchronous_tokens(tiny, engine):
                     assert x.logprob == pytest.approx(y.logprob, abs=1e-5)
 
 
-def test_async_engine_runs_ahead(tiny):
+def test_async_engine_runs_ahead(tiny_qwen2_dir):
     """Plain greedy decoding really is scheduled a step ahead: rows with a placeholder input appear."""
-    llm = LLM(tiny, dtype="float32", block_size=4, max_model_len=256, async_scheduling=True)
+    llm = LLM(tiny_qwen2_dir, dtype="float32", block_size=4, max_model_len=256, async_scheduling=True)
     core = llm.llm_engine.core
     seen = []
     launch = core.runner.launch
@@ -104,7 +96,7 @@ def test_async_engine_runs_ahead(tiny):
     assert sum(seen) == 11  # every decode step after the prompt
 
 
-def test_served_engine_with_async_scheduling_streams_stops_and_aborts(tiny):
+def test_served_engine_with_async_scheduling_streams_stops_and_aborts(tiny_qwen2_dir):
     """The engine-core process runs the async loop too: streamed greedy tokens equal the synchronous
     offline engine's, a stop string ends a request, and an abort mid-stream frees everything."""
     import asyncio
@@ -115,13 +107,15 @@ def test_served_engine_with_async_scheduling_streams_stops_and_aborts(tiny):
     args = dict(dtype="float32", num_gpu_blocks_override=256, block_size=4, max_model_len=256)
     prompts, _ = _requests()
     greedy = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-    offline = LLM(tiny, **args).generate(prompts[:4], greedy, use_tqdm=False)
+    offline = LLM(tiny_qwen2_dir, **args).generate(prompts[:4], greedy, use_tqdm=False)
     expected = [o.outputs[0].token_ids for o in offline]
     full_text = offline[0].outputs[0].text
     stop_text = full_text[3:6]
 
     async def main():
-        async with await AsyncLLM.create(EngineConfig(model=tiny, async_scheduling=True, **args)) as llm:
+        async with await AsyncLLM.create(
+            EngineConfig(model=tiny_qwen2_dir, async_scheduling=True, **args)
+        ) as llm:
 
             async def tokens(prompt, params, rid):
                 return [out async for out in llm.generate(prompt, params, rid)][-1].outputs[0]
@@ -151,7 +145,7 @@ def test_served_engine_with_async_scheduling_streams_stops_and_aborts(tiny):
 
 
 @pytest.mark.gpu
-def test_async_scheduling_on_the_gpu_gives_the_synchronous_tokens(tiny):
+def test_async_scheduling_on_the_gpu_gives_the_synchronous_tokens(tiny_qwen2_dir):
     """On CUDA the in-flight tokens are patched into the decode graph's input buffer on the device, and
     results come back through pinned memory and an event: same tokens as the synchronous engine (fp32:
     steps batch rows differently in the two modes, and bf16 near-ties could flip on that alone)."""
@@ -159,21 +153,26 @@ def test_async_scheduling_on_the_gpu_gives_the_synchronous_tokens(tiny):
         pytest.fail("GPU test run without a GPU")
     engine = dict(device="cuda", num_gpu_blocks_override=512)
     auto = LLM(
-        tiny, dtype="float32", block_size=4, max_model_len=64, device="cuda", num_gpu_blocks_override=32
+        tiny_qwen2_dir,
+        dtype="float32",
+        block_size=4,
+        max_model_len=64,
+        device="cuda",
+        num_gpu_blocks_override=32,
     )
     core = auto.llm_engine.core
     assert core.async_scheduling is True and core.runner.async_scheduling is True
     assert [o.outputs[0].token_ids for o in auto.generate(["hello", "a b c"], use_tqdm=False)]
     del auto, core
-    sync, _ = _run(tiny, False, **engine)
-    asynced, _ = _run(tiny, True, **engine)
+    sync, _ = _run(tiny_qwen2_dir, False, **engine)
+    asynced, _ = _run(tiny_qwen2_dir, True, **engine)
     assert [[c[:3] for c in o] for o in sync] == [[c[:3] for c in o] for o in asynced]
 
 
-def test_async_scheduling_defaults_to_off_on_the_cpu(tiny):
+def test_async_scheduling_defaults_to_off_on_the_cpu(tiny_qwen2_dir):
     """`async_scheduling=None` (the default) resolves per device: on the CPU the forward runs on the host
     itself, so there is nothing to overlap and the synchronous loop is kept."""
-    llm = LLM(tiny, dtype="float32", block_size=4, max_model_len=64)
+    llm = LLM(tiny_qwen2_dir, dtype="float32", block_size=4, max_model_len=64)
     assert llm.llm_engine.config.async_scheduling is None
     assert llm.llm_engine.core.async_scheduling is False
     assert llm.llm_engine.core.runner.async_scheduling is False

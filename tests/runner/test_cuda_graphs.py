@@ -7,7 +7,6 @@ import torch
 
 from qwick import LLM, SamplingParams
 from qwick.runner.cuda_graphs import decode_buckets
-from tests.utils import make_tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -18,13 +17,6 @@ def test_decode_buckets():
     assert decode_buckets(8) == [1, 2, 4, 8]
     assert decode_buckets(40) == [1, 2, 4, 8, 16, 24, 32, 40]
     assert decode_buckets(1000)[-1] == 256 and decode_buckets(20) == [1, 2, 4, 8, 16, 20]
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("tiny_qwen2"))
-    make_tiny_model("qwen2", path)
-    return path
 
 
 def _run(path, dtype, enforce_eager, batches):
@@ -60,15 +52,15 @@ def _run(path, dtype, enforce_eager, batches):
 
 @pytest.mark.parametrize("longest_first", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graphs_match_eager(tiny_path, dtype, longest_first, monkeypatch):
+def test_graphs_match_eager(tiny_qwen2_dir, dtype, longest_first, monkeypatch):
     """`longest_first`: decode rows launched longest context first, in the graphs' uploaded row order
     as in eager steps."""
     from qwick.layers.attention import triton_backend
 
     monkeypatch.setattr(triton_backend, "LONGEST_FIRST", longest_first)
     batches = (3, 5, 1, 8)
-    eager, eager_replays, eager_graphs, _ = _run(tiny_path, dtype, True, batches)
-    graph, replays, has_graphs, _ = _run(tiny_path, dtype, False, batches)
+    eager, eager_replays, eager_graphs, _ = _run(tiny_qwen2_dir, dtype, True, batches)
+    graph, replays, has_graphs, _ = _run(tiny_qwen2_dir, dtype, False, batches)
     assert not eager_graphs and eager_replays == 0
     assert has_graphs and replays > 0
     _assert_same_tokens(batches, eager, graph)
@@ -82,14 +74,14 @@ def _assert_same_tokens(batches, eager, graph) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_short_context_graphs_match_eager(tiny_path, dtype, monkeypatch):
+def test_short_context_graphs_match_eager(tiny_qwen2_dir, dtype, monkeypatch):
     """`SHORT_CONTEXT_GRAPHS`: steps whose contexts all fit replay the one-split graphs, the others the
     usual ones (prompts of 1-59 tokens and 8-57 outputs cross the 64-token line), same tokens as eager."""
     from qwick.runner import cuda_graphs
 
     monkeypatch.setattr(cuda_graphs, "SHORT_CONTEXT_GRAPHS", 64)
     batches = (3, 5, 1, 8)
-    eager, _, _, _ = _run(tiny_path, dtype, True, batches)
-    graph, replays, has_graphs, short = _run(tiny_path, dtype, False, batches)
+    eager, _, _, _ = _run(tiny_qwen2_dir, dtype, True, batches)
+    graph, replays, has_graphs, short = _run(tiny_qwen2_dir, dtype, False, batches)
     assert has_graphs and 0 < short < replays
     _assert_same_tokens(batches, eager, graph)

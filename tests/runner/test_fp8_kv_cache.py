@@ -37,13 +37,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("tiny-qwen2-fp8kv"))
-    make_tiny_model("qwen2", path)
-    return path
-
-
 def _runner(llm: LLM):
     return llm.llm_engine.core.runner
 
@@ -68,9 +61,9 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 # ---- CPU -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,ratio", [("bfloat16", 2), ("float32", 4)])
-def test_fp8_cache_halves_bytes_per_block_and_doubles_blocks(tiny, dtype, ratio):
+def test_fp8_cache_halves_bytes_per_block_and_doubles_blocks(tiny_qwen2_dir, dtype, ratio):
     kw = dict(dtype=dtype, block_size=16, max_model_len=256, cpu_kv_cache_gib=0.01)
-    auto, fp8 = LLM(tiny, **kw), LLM(tiny, kv_cache_dtype="fp8", **kw)
+    auto, fp8 = LLM(tiny_qwen2_dir, **kw), LLM(tiny_qwen2_dir, kv_cache_dtype="fp8", **kw)
     ra, rf = _runner(auto), _runner(fp8)
     assert ra.kv_bytes_per_block() == ratio * rf.kv_bytes_per_block()
     # The same memory budget holds `ratio` times the blocks, and so the tokens.
@@ -82,15 +75,15 @@ def test_fp8_cache_halves_bytes_per_block_and_doubles_blocks(tiny, dtype, ratio)
         assert (layer.k_scale, layer.v_scale) == (1.0, 1.0)  # no scales in the checkpoint
     assert ra.model.attention_layers()[0].kv_cache.dtype == ra.dtype
     assert fp8.llm_engine.config.kv_cache_dtype == "fp8"
-    assert LLM(tiny, kv_cache_dtype="fp8_e4m3", **kw).llm_engine.config.kv_cache_dtype == "fp8"
+    assert LLM(tiny_qwen2_dir, kv_cache_dtype="fp8_e4m3", **kw).llm_engine.config.kv_cache_dtype == "fp8"
 
 
-def test_fp8_cache_generates_close_to_bf16_cache(tiny):
+def test_fp8_cache_generates_close_to_bf16_cache(tiny_qwen2_dir):
     rng = random.Random(0)
     prompts = [[rng.randrange(4, 300) for _ in range(n)] for n in (3, 17, 40, 100, 5, 64)]
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     kw = dict(dtype="bfloat16", num_gpu_blocks_override=256, block_size=4, max_model_len=256)
-    llms = {kv: LLM(tiny, kv_cache_dtype=kv, **kw) for kv in ("auto", "fp8")}
+    llms = {kv: LLM(tiny_qwen2_dir, kv_cache_dtype=kv, **kw) for kv in ("auto", "fp8")}
     outs = {
         kv: [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         for kv, llm in llms.items()
@@ -122,15 +115,15 @@ def _tokens(outputs) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def fp8_reference(tiny) -> list[list[int]]:
+def fp8_reference(tiny_qwen2_dir) -> list[list[int]]:
     """Greedy tokens with an fp8 cache: one engine, a roomy pool, no prefix caching."""
-    return _tokens(_greedy(_fp8_llm(tiny, enable_prefix_caching=False)))
+    return _tokens(_greedy(_fp8_llm(tiny_qwen2_dir, enable_prefix_caching=False)))
 
 
 # Each feature keeps the tokens of the plain fp8 run (all identical on this machine; >= 90% asserted, since
 # a recomputed or chunked k can differ in its last fp32 bit and round to a neighbouring fp8 value).
-def test_fp8_cache_with_preemption(tiny, fp8_reference):
-    llm = _fp8_llm(tiny, num_gpu_blocks_override=17, enable_prefix_caching=False, max_model_len=64)
+def test_fp8_cache_with_preemption(tiny_qwen2_dir, fp8_reference):
+    llm = _fp8_llm(tiny_qwen2_dir, num_gpu_blocks_override=17, enable_prefix_caching=False, max_model_len=64)
     got = _tokens(_greedy(llm))
     stats = llm.llm_engine.core.scheduler.get_stats()
     assert stats.num_preemptions > 0 and stats.kv_cache_usage == 0.0
@@ -138,13 +131,13 @@ def test_fp8_cache_with_preemption(tiny, fp8_reference):
     assert _agreement(fp8_reference, got) >= 0.9
 
 
-def test_fp8_cache_with_chunked_prefill(tiny, fp8_reference):
-    got = _tokens(_greedy(_fp8_llm(tiny, max_num_batched_tokens=5, max_num_seqs=3)))
+def test_fp8_cache_with_chunked_prefill(tiny_qwen2_dir, fp8_reference):
+    got = _tokens(_greedy(_fp8_llm(tiny_qwen2_dir, max_num_batched_tokens=5, max_num_seqs=3)))
     assert _agreement(fp8_reference, got) >= 0.9
 
 
-def test_fp8_cache_with_prefix_caching(tiny, fp8_reference):
-    llm = _fp8_llm(tiny, enable_prefix_caching=True)
+def test_fp8_cache_with_prefix_caching(tiny_qwen2_dir, fp8_reference):
+    llm = _fp8_llm(tiny_qwen2_dir, enable_prefix_caching=True)
     first = _greedy(llm)
     again = _greedy(llm)  # every prompt's full blocks come from the fp8 cache this time
     assert [o.num_cached_tokens for o in again] == [0, 36, 16, 8]

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from qwick import LLM, SamplingParams
-from tests.utils import make_tiny_model
 
 PROMPTS = [
     [(7 * i) % 300 + 5 for i in range(37)],
@@ -16,13 +15,6 @@ PROMPTS = [
     [(3 * i + 1) % 300 + 5 for i in range(17)],
     [42] * 9,
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("qwen2"))
-    make_tiny_model("qwen2", path)
-    return path
 
 
 def _llm(path: str, **overrides) -> LLM:
@@ -50,11 +42,13 @@ def _run(llm: LLM, sampled_rows_only: bool):
 
 
 @pytest.mark.parametrize("chunk", [None, 5], ids=["whole-prompts", "chunks-of-5"])
-def test_same_tokens_logits_and_cache_as_the_whole_model(tiny_path, chunk):
+def test_same_tokens_logits_and_cache_as_the_whole_model(tiny_qwen2_dir, chunk):
     """With 5-token chunks, most prefill steps sample nothing (a prompt's middle chunk)."""
     extra = {} if chunk is None else dict(max_num_batched_tokens=chunk, max_num_seqs=3)
-    tokens_on, logits_on, caches_on = _run(_llm(tiny_path, enable_prefix_caching=False, **extra), True)
-    tokens_off, logits_off, caches_off = _run(_llm(tiny_path, enable_prefix_caching=False, **extra), False)
+    tokens_on, logits_on, caches_on = _run(_llm(tiny_qwen2_dir, enable_prefix_caching=False, **extra), True)
+    tokens_off, logits_off, caches_off = _run(
+        _llm(tiny_qwen2_dir, enable_prefix_caching=False, **extra), False
+    )
     assert tokens_on == tokens_off
     assert len(logits_on) == len(logits_off)
     for on, off in zip(logits_on, logits_off):
@@ -63,8 +57,8 @@ def test_same_tokens_logits_and_cache_as_the_whole_model(tiny_path, chunk):
         assert torch.equal(on, off)
 
 
-def test_last_layer_mlp_sees_only_the_sampling_rows(tiny_path):
-    llm = _llm(tiny_path)
+def test_last_layer_mlp_sees_only_the_sampling_rows(tiny_qwen2_dir):
+    llm = _llm(tiny_qwen2_dir)
     runner = llm.llm_engine.core.runner
     layers = runner.model.model.layers
     seen: dict[str, list[int]] = {"first": [], "last": []}
