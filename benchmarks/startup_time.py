@@ -37,6 +37,8 @@ def transformers_seconds(model_dir: str) -> float:
 
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if not args:
+        raise SystemExit(__doc__.split("\n\n")[1].strip())
     shape = args[0]
     max_len = int(args[1]) if len(args) > 1 else 32768
     sys.path.insert(0, os.getcwd())
