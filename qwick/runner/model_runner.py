@@ -193,11 +193,12 @@ class ModelRunner:
         two K splits (17-64 and 65-128 rows), the LM head's skinny GEMM at every decode batch size, and
         the sampling kernels. Writes only to the null block."""
         t0 = time.perf_counter()
-        longest = min(self.max_model_len, default_max_num_batched_tokens(self.config, self.max_model_len))
         for tokens in (16, 17, 65, 160):
             hidden = self._null_forward([min(tokens, self.max_model_len)])
             self._null_forward([min(tokens, self.max_model_len)], last_tokens_only=True)
-        long_queries = getattr(self.backend, "long_prefill_queries", None)  # a deeper-pipelined variant
+        # The longest prompt chunk a step can hold, and the backend's deeper-pipelined launch for long ones.
+        longest = min(self.max_model_len, default_max_num_batched_tokens(self.config, self.max_model_len))
+        long_queries = getattr(self.backend, "long_prefill_queries", None)
         if long_queries is not None and longest >= long_queries:
             self._null_forward([long_queries], last_tokens_only=True)
         # Prefills sampling 64 rows or more: the decode attention's large-batch tiles, outside the graphs.
