@@ -85,8 +85,11 @@ LONG_PREFILL_QUERIES = 4096
 # `bash benchmarks/gpu_session.sh fp8kv`).
 FP8_KV_DECODE_PTX = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
-# A finite "minus infinity": a fully masked tile then yields exp2(0) garbage that the next
-# real maximum wipes out (alpha = 0), instead of NaN; every real query has at least one real key.
+# A finite "minus infinity" for running maxima and the decode kernel's (already scaled) masked scores: a
+# fully masked tile then yields exp2(0) garbage that the next real maximum wipes out (alpha = 0), instead
+# of NaN; every real query has at least one real key. The extend kernel masks with -inf instead, because
+# it scales inside the exponent: the compiler fuses s * scale - max into one FMA, whose exact product of a
+# finite -1e30 minus the rounded one is off by ~1e22, and exp2 of that is inf (NaN out, seen on the H200).
 _NEG = tl.constexpr(-1.0e30)
 
 if TYPE_CHECKING:
@@ -439,7 +442,7 @@ def _extend_tiles(
         if MASKED:
             mask = (n[None, :] <= q_pos[:, None]) & in_seq[None, :]
             mask = mask & (n[None, :] > q_pos[:, None] - window)
-            qk = tl.where(mask, qk, _NEG)
+            qk = tl.where(mask, qk, float("-inf"))  # exp2 -> 0; the running max stays finite (_NEG)
         m_new = tl.maximum(m_i, tl.max(qk, 1) * scale_log2)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk * scale_log2 - m_new[:, None])
