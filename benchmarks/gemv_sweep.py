@@ -1,8 +1,7 @@
 """Skinny GEMM vs cuBLAS at decode shapes: sweeps launch configs per (shape, M); writes the best.
 
 WEIGHT=bf16 (default) | fp8 | int8: the weight format (8-bit codes with per-channel scales: W8A16, compared
-with cuBLAS on bf16 weights, the unquantized layer). MS=1,2,4,8,16 picks the batch sizes. FP8_PTX=1: fp8
-codes converted by PTX (`qwick.kernels.gemv.FP8_W8A16_PTX`)."""
+with cuBLAS on bf16 weights, the unquantized layer). MS=1,2,4,8,16 picks the batch sizes."""
 
 import itertools
 import json
@@ -15,10 +14,7 @@ import triton
 sys.path.insert(0, os.getcwd())
 import torch.nn.functional as F
 
-import qwick.kernels.gemv as G
 from qwick.kernels.gemv import GemvConfig, GemvWorkspace, default_config, gemv
-
-G.FP8_W8A16_PTX = os.environ.get("FP8_PTX") == "1"
 
 dev = torch.device("cuda")
 ws = GemvWorkspace(dev)

@@ -33,19 +33,14 @@
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
 #                                            # the attention bench in both, workload 3 and 32k with HND
-#   bash benchmarks/gpu_session.sh outrows_w3  # queued: workload 3 with it and without, ABBA in one process
+#   bash benchmarks/gpu_session.sh outrows_w3  # workload 3 with it and without, ABBA in one process
 #                                            # (fp8, bf16), and the host's time in the eager steps
 #   bash benchmarks/gpu_session.sh hfrows    # transformers beside batch 1 at 8k and 32k context and startup
 #   bash benchmarks/gpu_session.sh longprefill  # prefill chunks of 4096+ queries pipelined deeper: tests,
 #                                            # the 32k and 8k TTFT with it and without
-#   bash benchmarks/gpu_session.sh next      # queued: kernel and layer GPU tests after this session's kernel
+#   bash benchmarks/gpu_session.sh next      # kernel and layer GPU tests after the twelfth session's kernel
 #                                            # changes; next2: greedy tokens with an fp32 yardstick, the sweep
-#   bash benchmarks/gpu_session.sh fp8kv     # queued: fp8 KV pages converted by PTX in decode attention
-#                                            # (`fp8_decode_ptx`): its tests and the fp8 decode sweep;
-#                                            # fp8kv_e2e: workload 3 and 32k with it and without
-#   bash benchmarks/gpu_session.sh fp8gemv   # queued: fp8 codes converted by PTX in the W8A16 GEMV: tests,
-#                                            # sweep, batch 1 fp8 with it and without
-#   bash benchmarks/gpu_session.sh shortgraphs  # queued: one-split decode graphs for short contexts: tests,
+#   bash benchmarks/gpu_session.sh shortgraphs  # one-split decode graphs for short contexts (on): tests,
 #                                            # batch 1 (bf16, int4) with them and without
 #   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
 #                                            # (`ModelRunner.sampled_rows_only`, on): its GPU tests, the
@@ -325,7 +320,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       run "ttft${len}_on2" $CLI $A --output-json "$OUT/ttft${len}_on2.json"
     done
     ;;
-  next)  # queued after the twelfth session: every kernel and layer GPU test (the extend kernel's FMA change
+  next)  # after the twelfth session: every kernel and layer GPU test (the extend kernel's FMA change
     # and paged addressing, the fp8 query conversion, the PTX paths), then `next2`
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/layers 2>&1 | tail -3
     ;;
@@ -333,59 +328,24 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/greedy_vs_transformers.py 2>&1 | grep -E "^(quantization|prompt)" | tee "$OUT/models.log"
     SWEEP=1 python benchmarks/extend_prefix_probe.py 2>&1 | tail -11
     ;;
-  fp8kv)  # queued: fp8 KV pages converted by PTX in the decode kernel (`fp8_decode_ptx`, off until timed):
-    # its GPU tests, the decode sweep over fp8 pages with Triton's conversion and with the PTX
-    python -m pytest -q -m gpu -p no:cacheprovider tests/layers/attention/test_fp8_kv_cache_triton.py 2>&1 \
-      | tail -2
-    python -m qwick.bench.attention_bench --no-torch --batch 1 --context 32768 --kv-cache-dtype fp8 --sweep \
-      2>&1 | tail -42 | tee "$OUT/fp8kv_sweep.log"
-    ;;
-  fp8kv_e2e)  # then end to end, alternating: workload 3 (fp8 weights, fp8 cache) and batch 1 at 32k
-    PTX="import sys, qwick.layers.attention.triton_backend as T; T.FP8_KV_DECODE_PTX = True; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    W3="${TPUT#python -m qwick.entrypoints.cli } --quantization fp8 --kv-cache-dtype fp8"
-    L32="bench latency --num-iters 2 --shape qwen2.5-7b --max-model-len 32768 --input-len 32000 --output-len 64 \
-      --kv-cache-dtype fp8"
-    run tput_fp8kv_ptx python -c "$PTX" $W3 --output-json "$OUT/tput_fp8kv_ptx.json"
-    run tput_fp8kv $CLI $W3 --output-json "$OUT/tput_fp8kv.json"
-    run ctx32k_fp8kv $CLI $L32 --output-json "$OUT/ctx32k_fp8kv.json"
-    run ctx32k_fp8kv_ptx python -c "$PTX" $L32 --output-json "$OUT/ctx32k_fp8kv_ptx.json"
-    ;;
-  fp8gemv)  # queued: fp8 weight codes converted by PTX in the W8A16 GEMV (`FP8_W8A16_PTX`, off until
-    # timed): its GPU tests, the fp8 W8A16 sweep with Triton's conversion and with the PTX, batch 1 fp8 with
-    # it off, on (o_proj and down), and on everywhere (W8A16 in place of W8A8 at decode sizes)
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
-      tests/layers/attention/test_fp8_kv_cache_triton.py -k "past_fp16 or 8bit_weights or ptx" 2>&1 | tail -2
-    for p in 0 1; do
-      FP8_PTX=$p WEIGHT=fp8 MS=1 ONLY=7b timeout 200 python benchmarks/gemv_sweep.py 2>&1 | grep -E "^7b"
-    done
-    GP="import sys, qwick.kernels.gemv as G; G.FP8_W8A16_PTX = True; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    NOW8A8="import sys, qwick.kernels.gemv as G, qwick.quantization.w8a8 as Q; G.FP8_W8A16_PTX = True; \
-Q.W8A8LinearMethod.decode_w8a8 = False; from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization fp8"
-    run fp8_b1 $CLI $B1 --output-json "$OUT/fp8_b1.json"
-    run fp8_b1_ptx python -c "$GP" $B1 --output-json "$OUT/fp8_b1_ptx.json"
-    run fp8_b1_ptx_w8a16 python -c "$NOW8A8" $B1 --output-json "$OUT/fp8_b1_ptx_w8a16.json"
-    ;;
-  shortgraphs)  # queued: one-split decode graphs for contexts <= 256 tokens (`SHORT_CONTEXT_GRAPHS`, off
-    # until timed): the graph and no-compile tests, then batch 1 with them and without, alternating
+  shortgraphs)  # one-split decode graphs for contexts <= 256 tokens (`SHORT_CONTEXT_GRAPHS`): the graph
+    # and no-compile tests, then batch 1 with them and without, alternating
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py \
       tests/runner/test_no_compiles_while_serving.py 2>&1 | tail -2
-    SG="import sys, qwick.runner.cuda_graphs as C; C.SHORT_CONTEXT_GRAPHS = 256; \
+    SG="import sys, qwick.runner.cuda_graphs as C; C.SHORT_CONTEXT_GRAPHS = 0; \
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT"
-    run b1_short python -c "$SG" $B1 --output-json "$OUT/b1_short.json"
-    run b1 $CLI $B1 --output-json "$OUT/b1.json"
-    run b1_short2 python -c "$SG" $B1 --output-json "$OUT/b1_short2.json"
-    run int4_short python -c "$SG" $B1 --quantization int4 --output-json "$OUT/int4_short.json"
-    run int4 $CLI $B1 --quantization int4 --output-json "$OUT/int4.json"
+    run b1_short $CLI $B1 --output-json "$OUT/b1_short.json"
+    run b1 python -c "$SG" $B1 --output-json "$OUT/b1.json"
+    run b1_short2 $CLI $B1 --output-json "$OUT/b1_short2.json"
+    run int4_short $CLI $B1 --quantization int4 --output-json "$OUT/int4_short.json"
+    run int4 python -c "$SG" $B1 --quantization int4 --output-json "$OUT/int4.json"
     ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|fp8kv|fp8kv_e2e|fp8gemv|shortgraphs" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs" >&2
     exit 2
     ;;
 esac

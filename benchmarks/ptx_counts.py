@@ -56,7 +56,7 @@ def compile_ptx(fn, sig: dict, const: dict, divisible: list[str], num_warps: int
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def decode(fp8: bool, ptx: bool, block_n: int, warps: int, stages: int):
+def decode(fp8: bool, block_n: int, warps: int, stages: int):
     kv = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": kv, "v_cache_ptr": kv, "out_ptr": "*bf16", "mid_o_ptr": "*fp32"}
     sig |= {"mid_lse_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32"}
@@ -65,7 +65,7 @@ def decode(fp8: bool, ptx: bool, block_n: int, warps: int, stages: int):
     sig |= {n: "i32" for n in ("stride_oh", "stride_bt", "stride_cb", "stride_cs", "stride_ch")}
     sig |= {n: "i32" for n in ("stride_mo_r", "stride_mo_h", "stride_mo_s", "stride_ml_r", "stride_ml_h")}
     const = dict(G_PAD=16, HEAD_DIM=128, D_PAD=128, BLOCK_SIZE=16, BLOCK_N=block_n, DOT_PREC="tf32")
-    const |= dict(KV_FP8=fp8, F16_DOT=fp8, HEADS_FIRST=True, F8_PTX=ptx)
+    const |= dict(KV_FP8=fp8, F16_DOT=fp8, HEADS_FIRST=True)
     div = (
         [n for n in sig if n.endswith("_ptr")]
         + list(_STRIDES)
@@ -92,26 +92,24 @@ def extend(fp8: bool, stages: int):
     return compile_ptx(_extend_kernel, sig, const, div, 8, stages)
 
 
-def gemv(weight: str, ptx: bool, block_n: int, block_k: int, split: int, stages: int):
+def gemv(weight: str, block_n: int, block_k: int, split: int, stages: int):
     w = {"fp8": "*fp8e4nv", "int8": "*i8"}[weight]
     sig = {"x_ptr": "*bf16", "w_ptr": w, "s_ptr": "*fp32", "xs_ptr": "*fp32", "b_ptr": "*bf16"}
     sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
     sig |= {n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "stride_xs")}
-    const = dict(HAS_SCALE=True, X_CODES=False, X_GROUP=0, INT_DOT=False, W_F16_PTX=ptx, HAS_BIAS=False)
+    const = dict(HAS_SCALE=True, X_CODES=False, X_GROUP=0, INT_DOT=False, HAS_BIAS=False)
     const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True)
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
 
 VARIANTS = {
-    "decode bf16 (64 keys, 4 warps, 2 stages)": lambda: decode(False, False, 64, 4, 2),
-    "decode fp8 (128 keys, 4 warps, 2 stages)": lambda: decode(True, False, 128, 4, 2),
-    "decode fp8 + PTX conversion": lambda: decode(True, True, 128, 4, 2),
+    "decode bf16 (64 keys, 4 warps, 2 stages)": lambda: decode(False, 64, 4, 2),
+    "decode fp8 (128 keys, 4 warps, 2 stages)": lambda: decode(True, 128, 4, 2),
     "extend bf16 (128 x 128, 2 stages)": lambda: extend(False, 2),
     "extend fp8 (128 x 128, 2 stages)": lambda: extend(True, 2),
-    "gemv fp8 W8A16 (32 x 256)": lambda: gemv("fp8", False, 32, 256, 4, 3),
-    "gemv fp8 W8A16 + PTX conversion": lambda: gemv("fp8", True, 32, 256, 4, 3),
-    "gemv int8 W8A16 (32 x 256)": lambda: gemv("int8", False, 32, 256, 4, 3),
+    "gemv fp8 W8A16 (32 x 256)": lambda: gemv("fp8", 32, 256, 4, 3),
+    "gemv int8 W8A16 (32 x 256)": lambda: gemv("int8", 32, 256, 4, 3),
 }
 
 

@@ -184,14 +184,6 @@ def sweep(
         (f"bn{bn} w{w} s{st}", {"decode_config": dict(BLOCK_N=bn, num_warps=w, num_stages=st)})
         for bn, w, st in DECODE_SWEEP
     ]
-    if kv_cache_dtype == "fp8":  # the same launch shapes with the pages converted by PTX
-        variants += [
-            (
-                f"ptx bn{bn} w{w} s{st}",
-                {"fp8_decode_ptx": True, "decode_config": dict(BLOCK_N=bn, num_warps=w, num_stages=st)},
-            )
-            for bn, w, st in DECODE_SWEEP + [(128, 4, 1), (64, 4, 1), (128, 8, 1)]
-        ]
     variants += [
         (f"fill{f} max{m} min{t}", {"split_fill": f, "max_num_splits": m, "min_tokens_per_split": t})
         for f, m, t in SPLIT_SWEEP

@@ -20,15 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.half2 import fp8_to_f16, quarter_byte_f16
-
 MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
-# fp8 weight codes (W8A16) converted to fp16 by PTX (`fp8_to_f16`) and multiplied by x / 256 in fp16,
-# instead of Triton's conversion to x's dtype: e4m3 pairs to fp16, then every value to bf16 by a scalar
-# `F2F` (64 in the sm_90 SASS, beside 48 `LDS`: what the H200 profile in BENCHMARKS.md counted). With the
-# PTX: no `F2F`, 24 `LDS`, but the activation tile's conversion; 624 static instructions against 680
-# (`benchmarks/ptx_counts.py`). Off until timed (queued: `bash benchmarks/gpu_session.sh fp8gemv`).
-FP8_W8A16_PTX = False
 
 
 @triton.jit(do_not_specialize=["M"])  # one variant for every batch size: none compiles mid-serving
@@ -52,7 +44,6 @@ def _gemv_kernel(
     X_CODES: tl.constexpr,
     X_GROUP: tl.constexpr,
     INT_DOT: tl.constexpr,
-    W_F16_PTX: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -81,15 +72,11 @@ def _gemv_kernel(
             acc += part.to(tl.float32) * xs[:, None]
         elif X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
             acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
-        elif W_F16_PTX:  # fp8 codes to fp16 by PTX; x / 256 fits fp16 for any bf16 x below 2^24
-            acc = tl.dot(quarter_byte_f16(x), tl.trans(fp8_to_f16(w)), acc)
         else:
             # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
             # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     acc = acc.to(tl.float32)
-    if W_F16_PTX:
-        acc *= 256.0
     if HAS_SCALE:  # per-output-channel scales of 8-bit weights
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
     if X_CODES and X_GROUP == 0:  # per-row scales of the activation codes
@@ -325,10 +312,6 @@ def gemv(
         X_CODES=x_scale is not None,
         X_GROUP=x_group or 0,
         INT_DOT=x_scale is not None and x.dtype == torch.int8,
-        W_F16_PTX=FP8_W8A16_PTX
-        and x_scale is None
-        and weight.dtype == torch.float8_e4m3fn
-        and x.dtype in (torch.bfloat16, torch.float16),
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k,
         BLOCK_M=MAX_M,

@@ -1,6 +1,6 @@
 """Pieces shared by the code that computes in packed fp16 (f16x2) through PTX: the batch-1 int4 GEMV
 `qwick.kernels.row_gemv_half2` and its stage-by-stage diagnosis (`benchmarks/int4_stream_diag.py`), and
-the fp8 code conversion of the decode attention and the W8A16 GEMV (`fp8_to_f16`). PTX
+the fp8-KV attention kernels' query conversion (`quarter_byte_f16`). PTX
 (`tl.inline_asm_elementwise`) is what Triton's interpreter cannot run: under TRITON_INTERPRET=1 the
 kernels compute the same in plain Triton instead (`EMULATE`)."""
 
@@ -32,11 +32,8 @@ def split4(t):
     return a0, b0, a1, b1
 
 
-# The PTX of `fp8_to_f16` (four e4m3 codes in $2 -> fp16 pairs $0, $1) and of `quarter_byte_f16` (a pair
-# of 16-bit floats in $1 -> the fp16 pair of their quarters of a byte in $0; `up` widens one to fp32).
-FP8_TO_F16_ASM = (
-    "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }"
-)
+# The PTX of `quarter_byte_f16`: a pair of 16-bit floats in $1 -> the fp16 pair of their quarters of a
+# byte in $0; `up` widens one to fp32.
 
 
 def quarter_byte_asm(up: str) -> str:
@@ -47,29 +44,8 @@ def quarter_byte_asm(up: str) -> str:
     )
 
 
-_FP8_TO_F16_ASM = tl.constexpr(FP8_TO_F16_ASM)
 _QUARTER_BF16_ASM = tl.constexpr(quarter_byte_asm("cvt.f32.bf16"))
 _QUARTER_F16_ASM = tl.constexpr(quarter_byte_asm("cvt.f32.f16"))
-
-
-@triton.jit
-def fp8_to_f16(x):
-    """e4m3 codes -> fp16, four per instruction pair, in the layout the codes were loaded in. Left to
-    itself, Triton moves the conversion after the change to the dot's operand layout (fewer bytes to
-    move), and that change then reads the codes from shared memory one byte per load (128 `ld.shared.b8`
-    per thread and 128-key tile, against `ldmatrix` for 16-bit tiles). The PTX, marked impure, is not moved
-    (a pure one still was): the codes are converted where they were loaded and reach the dot as fp16.
-    Under the interpreter, which runs no PTX, a plain conversion (`EMULATE`)."""
-    if _EMULATE:
-        return x.to(tl.float16)
-    return tl.inline_asm_elementwise(
-        _FP8_TO_F16_ASM,
-        "=r,=r,r",
-        [x.to(tl.uint8, bitcast=True)],
-        dtype=tl.float16,
-        is_pure=False,
-        pack=4,
-    )
 
 
 @triton.jit

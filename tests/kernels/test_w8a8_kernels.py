@@ -261,32 +261,6 @@ def test_gemv_on_8bit_weights(qdtype, n, k, m):
     assert int(ws.counters.abs().sum()) == 0
 
 
-@pytest.mark.interpret
-# Activations past fp16's range only on the GPU: the interpreter's bf16 dots are wrong, fp16 cannot hold them.
-@pytest.mark.parametrize("x_mult", [1.0] if INTERPRET else [1.0, 1e5])
-@pytest.mark.parametrize("n,k", GEMV_SHAPES)
-@pytest.mark.parametrize("m", [1, 16])
-def test_gemv_on_fp8_weights_converted_by_ptx(n, k, m, x_mult, monkeypatch):
-    """`FP8_W8A16_PTX`: fp8 codes converted by PTX and multiplied by x / 256 in fp16, activations far past
-    fp16's range included (the interpreter runs plain Triton in place of the PTX, on fp16 activations)."""
-    import qwick.kernels.gemv as G
-    from qwick.quantization.w8a8 import quantize_weight_per_channel
-
-    monkeypatch.setattr(G, "FP8_W8A16_PTX", True)
-    dev = torch.device("cpu") if INTERPRET else _cuda()
-    x_dtype = torch.float16 if INTERPRET else torch.bfloat16
-    ws = gemv_workspace(dev)
-    gen = torch.Generator(device=dev).manual_seed(n * k + m + 7)
-    wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev), FP8_DTYPE)
-    for cfg in (G.default_config(m, n, k, ws.num_sms, w_bytes=1), G.GemvConfig(32, 256, 4)):
-        x = (x_mult * torch.randn(m, k, generator=gen, device=dev)).to(x_dtype)
-        y = G.gemv(x, wq, None, ws, cfg, weight_scale=wscale)
-        ref = x.double() @ (wq.double() * wscale.double()).T
-        assert y.dtype == x_dtype and torch.isfinite(y).all()
-        assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3, cfg
-    assert int(ws.counters.abs().sum()) == 0
-
-
 def _w8a8_gemv_case(qdtype: torch.dtype, n: int, k: int, m: int):
     """Device, output dtype, tolerance, workspace, generator, weight codes and scales, bias and the launch
     shapes to try for a W8A8 skinny-GEMM test (the interpreter computes in float32)."""

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from qwick.device_upload import to_device
 from qwick.kernels.elementwise import rope_tables, rotate_halves
-from qwick.kernels.half2 import fp8_to_f16, quarter_byte_f16
+from qwick.kernels.half2 import quarter_byte_f16
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
@@ -80,10 +80,6 @@ FUSE_ROPE = True
 # layer, without a prefix 1.30 against 1.37; at 2,048 queries the third stage lost (184 against 134 us).
 # A 32k-token prompt's TTFT: 1,131.6 against 1,171.9 ms (benchmarks/long_prefill_ab.py).
 LONG_PREFILL_QUERIES = 4096
-# fp8 KV pages converted to fp16 by PTX in the decode kernel (`fp8_to_f16`) instead of by Triton, which
-# reads the codes from shared memory a byte per load. Off until timed on the H200 (queued:
-# `bash benchmarks/gpu_session.sh fp8kv`).
-FP8_KV_DECODE_PTX = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity" for running maxima and the decode kernel's (already scaled) masked scores: a
 # fully masked tile then yields exp2(0) garbage that the next real maximum wipes out (alpha = 0), instead
@@ -269,7 +265,6 @@ def _decode_kernel(
     KV_FP8: tl.constexpr,
     F16_DOT: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
-    F8_PTX: tl.constexpr = False,
 ):
     if HEADS_FIRST:  # kv heads fastest in launch order: a row's heads start together
         kvh = tl.program_id(0)
@@ -313,8 +308,6 @@ def _decode_kernel(
         kv_mask = _tile_mask(valid, d, HEAD_DIM, D_PAD)
         k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
-        if F8_PTX:
-            k, v = fp8_to_f16(k), fp8_to_f16(v)
         qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
         qk = tl.where(valid[None, :], qk, _NEG)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -583,8 +576,7 @@ class TritonAttentionBackend(AttentionBackend):
     on every replay); `longest_first` orders decode rows by context length, longest first (the graph
     runner orders its rows the same way when the backend asks for it); `fuse_rope` lets the KV write
     apply RoPE (`write_kv_rope`); prefills of `long_prefill_queries` queries or more pipeline deeper (the
-    runner's warm-up compiles that variant too); `fp8_decode_ptx` converts fp8 pages in the decode kernel
-    through PTX (`fp8_to_f16`).
+    runner's warm-up compiles that variant too).
 
     The kernels address the cache through its strides (page, slot in page, head), so they read either
     `kv_layout`; HND gives a decode program one contiguous run of `block_size` keys per page instead of
@@ -614,7 +606,6 @@ class TritonAttentionBackend(AttentionBackend):
         self.longest_first = LONGEST_FIRST
         self.fuse_rope = FUSE_ROPE
         self.long_prefill_queries = LONG_PREFILL_QUERIES
-        self.fp8_decode_ptx = FP8_KV_DECODE_PTX
 
     # ---- tuning --------------------------------------------------------------------------------------
     def _decode_cfg(self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int) -> dict:
@@ -909,7 +900,6 @@ class TritonAttentionBackend(AttentionBackend):
             KV_FP8=is_fp8_kv(kv_cache.dtype),
             F16_DOT=is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
             HEADS_FIRST=self.longest_first,
-            F8_PTX=self.fp8_decode_ptx and is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
             **cfg,
         )
         if splits > 1:

@@ -73,24 +73,6 @@ def test_fp8_decode_rows(head_dim, group, num_kv_heads, dtype, k_scale, v_scale)
     )
 
 
-@pytest.mark.parametrize("splits", [None, 4])
-@pytest.mark.parametrize(
-    "head_dim,group,num_kv_heads,dtype",
-    [  # D64-G7 also runs in the CPU CI's interpreter pass (the kernel's F8_PTX branch, emulated there)
-        pytest.param(*c, id=i, marks=[pytest.mark.interpret] if i == "D64-G7-kv2-bfloat16" else [])
-        for c, i in zip(HEAD_CONFIGS, HEAD_IDS)
-    ],
-)
-def test_fp8_decode_rows_converted_by_ptx(head_dim, group, num_kv_heads, dtype, splits):
-    """`fp8_decode_ptx`: the decode kernel converts the pages through `fp8_to_f16` (the interpreter runs
-    a plain conversion in its place)."""
-    heads = dict(head_dim=head_dim, group=group, num_kv_heads=num_kv_heads, dtype=dtype)
-    kwargs = {"fp8_decode_ptx": True} | ({"fixed_num_splits": splits} if splits else {})
-    run_case(
-        [(c, 1) for c in DECODE_CONTEXTS + [4100]], k_scale=0.37, v_scale=1.7, backend_kwargs=kwargs, **heads
-    )
-
-
 @pytest.mark.parametrize("k_scale,v_scale", SCALES, ids=SCALE_IDS)
 @pytest.mark.parametrize("head_dim,group,num_kv_heads,dtype", HEAD_CONFIGS, ids=HEAD_IDS)
 def test_fp8_extend_rows(head_dim, group, num_kv_heads, dtype, k_scale, v_scale):
@@ -128,8 +110,7 @@ def test_fp8_float32_queries():
     run_case([(0, 19), (40, 1), (3, 5), (129, 1)], head_dim=64, group=2, dtype=torch.float32, block_size=4)
 
 
-@pytest.mark.parametrize("fp8_decode_ptx", [False, True])
-def test_fp8_cache_with_queries_past_fp16_range(fp8_decode_ptx):
+def test_fp8_cache_with_queries_past_fp16_range():
     """With an fp8 cache the queries go through fp16 as q / 256 (`_fp16_queries`): bf16 |q| up to ~1.3e5
     here, past fp16's 65504, must stay finite and exact. The division is done in fp32 first (written in
     Triton, the compiler moved it after the conversion to fp16, which then overflowed). GPU only: the
@@ -137,7 +118,7 @@ def test_fp8_cache_with_queries_past_fp16_range(fp8_decode_ptx):
     if INTERPRET:
         pytest.skip("the interpreter runs bf16 cases in fp16, which cannot hold these queries")
     specs = [(0, 5), (200, 1), (1000, 1), (37, 9)]
-    run_case(specs, q_scale=3e4, k_scale=0.5, v_scale=2.0, backend_kwargs={"fp8_decode_ptx": fp8_decode_ptx})
+    run_case(specs, q_scale=3e4, k_scale=0.5, v_scale=2.0)
 
 
 @pytest.mark.parametrize("splits", [None, 3, 16])
