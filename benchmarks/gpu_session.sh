@@ -48,11 +48,13 @@
 #                                            # tokens against transformers, TTFT beside transformers
 #
 # On the project's device machine, install the wheels the server side needs first (carry .whl along).
-# The device has no registry; download them here for its Python 3.12 (xgrammar needs apache-tvm-ffi, or
-# the grammar tests skip there):
+# The device has no registry; download them here for its Python 3.12 (xgrammar needs apache-tvm-ffi and
+# pydantic, or the grammar tests skip there; the engine and structured-output tests need pyzmq and
+# jsonschema):
 #   pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --no-deps \
-#     msgspec tqdm xgrammar apache-tvm-ffi gguf -d .whl
+#     msgspec tqdm xgrammar apache-tvm-ffi gguf pydantic pydantic-core annotated-types typing-inspection \
+#     typing-extensions pyzmq jsonschema jsonschema-specifications referencing rpds-py attrs -d .whl
 #   python -m pip install -q --no-deps .whl/*.whl
 set -uo pipefail
 OUT=${OUT:-gpu_out}
