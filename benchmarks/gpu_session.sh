@@ -42,6 +42,8 @@
 #                                            # changes; next2: greedy tokens with an fp32 yardstick, the sweep
 #   bash benchmarks/gpu_session.sh shortgraphs  # one-split decode graphs for short contexts (on): tests,
 #                                            # batch 1 (bf16, int4) with them and without
+#   bash benchmarks/gpu_session.sh lmhead    # queued: the LM head quantized too (`--quantize-lm-head`): its
+#                                            # GPU tests, batch 1 per mode with it and without, fp8 workload 3
 #   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
 #                                            # (`ModelRunner.sampled_rows_only`, on): its GPU tests, the
 #                                            # 2048-token TTFT and workload 3 with it and without, greedy
@@ -343,11 +345,22 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run int4_short $CLI $B1 --quantization int4 --output-json "$OUT/int4_short.json"
     run int4 python -c "$SG" $B1 --quantization int4 --output-json "$OUT/int4.json"
     ;;
+  lmhead)  # queued: the LM head quantized too (`--quantize-lm-head`, off by default): its GPU tests, then
+    # batch 1 per mode with it and without, alternating, and workload 3 in fp8 with it
+    python -m pytest -q -m gpu -p no:cacheprovider tests/quantization/test_lm_head.py 2>&1 | tail -2
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT"
+    for q in fp8 int8 int4; do
+      run "${q}_head" $CLI $B1 --quantization $q --quantize-lm-head --output-json "$OUT/${q}_head.json"
+      run "$q" $CLI $B1 --quantization $q --output-json "$OUT/$q.json"
+      run "${q}_head2" $CLI $B1 --quantization $q --quantize-lm-head --output-json "$OUT/${q}_head2.json"
+    done
+    run tput_fp8_head $TPUT --quantization fp8 --quantize-lm-head --output-json "$OUT/tput_fp8_head.json"
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead" >&2
     exit 2
     ;;
 esac

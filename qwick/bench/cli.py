@@ -223,8 +223,11 @@ def cmd_quality(args: argparse.Namespace) -> dict:
     if modes[0] is not None:
         raise ValueError("--modes must start with 'none': the unquantized model is the reference")
 
+    lm_head = args.quantize_lm_head  # applies to the quantized modes, not to the reference
+
     def make_llm(mode):
         args.quantization = mode
+        args.quantize_lm_head = lm_head and mode is not None
         return _build_llm(args)
 
     report = run(make_llm, modes, args.window, args.prompt_len, args.max_tokens, args.num_prompts)

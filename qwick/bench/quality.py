@@ -112,6 +112,7 @@ def evaluate(
     sizes = weight_bytes(runner.model)
     result = {
         "quantization": llm.llm_engine.config.quantization,
+        "quantize_lm_head": llm.llm_engine.config.quantize_lm_head,
         "dtype": str(runner.dtype).removeprefix("torch."),
         "perplexity": math.exp(nll.mean().item()),
         "scored_tokens": nll.numel(),
@@ -185,8 +186,9 @@ def table(report: dict) -> str:
             if "greedy_identical" in r
             else "(reference) | | "
         )
+        name = (r["quantization"] or "none") + (" + LM head" if r.get("quantize_lm_head") else "")
         rows.append(
-            f"| {r['quantization'] or 'none'} | {r['dtype']} | {r['weight_bytes'] / 2**20:.0f} | "
+            f"| {name} | {r['dtype']} | {r['weight_bytes'] / 2**20:.0f} | "
             f"{r['linear_weight_bytes'] / 2**20:.0f} | {r['perplexity']:.3f} | {agree} |"
         )
     return "\n".join(rows)

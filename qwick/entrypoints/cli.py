@@ -91,6 +91,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "them; a quantized checkpoint's format (AWQ, GPTQ, FP8, compressed-tensors) is detected without it",
     )
     g.add_argument(
+        "--quantize-lm-head",
+        action="store_true",
+        help="with --quantization fp8, int8 or int4: quantize the LM head (the vocabulary projection) too. "
+        "It is the largest single matrix a decode step reads (1.1 GB at 7B, bf16); quantized checkpoints "
+        "keep it in bf16, and so does qwick without this flag (see BENCHMARKS.md for the quality cost)",
+    )
+    g.add_argument(
         "--kv-cache-dtype",
         default="auto",
         choices=list(KV_CACHE_DTYPES),

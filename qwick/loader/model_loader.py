@@ -122,14 +122,18 @@ def build_model(
     load_format: str = "auto",
     seed: int = 0,
     quantization: str | None = None,
+    quantize_lm_head: bool = False,
 ) -> DecoderForCausalLM:
     """Build the model for `config` on `device`, fill it (checkpoint or dummy), prepare its weights.
 
     `quantization`: a registered name (qwick.quantization) or None; the checkpoint's own
-    `quantization_config` is detected either way.
+    `quantization_config` is detected either way. `quantize_lm_head`: the on-the-fly modes quantize the LM
+    head too.
     """
     model_cls = resolve_model_class(config)
-    quant_config = resolve_quantization(quantization, config, None if load_format == "dummy" else path)
+    quant_config = resolve_quantization(
+        quantization, config, None if load_format == "dummy" else path, quantize_lm_head=quantize_lm_head
+    )
     start = time.perf_counter()
     torch_default = torch.get_default_dtype()
     try:

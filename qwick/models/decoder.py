@@ -252,12 +252,13 @@ class DecoderForCausalLM(nn.Module):
         self.quant_config = quant_config
         self.model = DecoderModel(config, self.flags_for(config), max_len, quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
+        head_method = _linear_method(quant_config, "lm_head")
+        # Tied and quantized (`quantize_lm_head`): the head is its own layer, filled from the embedding.
+        self.head_copies_embedding = self.tie_word_embeddings and head_method is not None
+        if self.tie_word_embeddings and head_method is None:
             self.lm_head = None
         else:
-            self.lm_head = Linear(
-                config.hidden_size, config.vocab_size, method=_linear_method(quant_config, "lm_head")
-            )
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, method=head_method)
         self.linear_method = LinearMethod()
         for p in self.parameters():
             p.requires_grad_(False)
@@ -283,6 +284,8 @@ class DecoderForCausalLM(nn.Module):
         """Hand every unquantized linear layer the device's method once the checkpoint is in, and let every
         method prepare its weights (repacking, on-the-fly quantization happen here)."""
         self.linear_method = method
+        if self.head_copies_embedding:  # the embedding's values, before the head's method quantizes them
+            self.lm_head.weight.data.copy_(self.model.embed_tokens.weight.data)
         if self.lm_head is None and method.repacks_weight:
             # Tied: the embedding table stays plain for lookups; the LM head gets its own repacked copy.
             weight = self.model.embed_tokens.weight
@@ -366,8 +369,10 @@ class DecoderForCausalLM(nn.Module):
                 continue
             if self._load_kv_scale(modules, name, tensor):
                 continue
-            if name == "lm_head.weight" and self.lm_head is None:
-                continue  # tied: the embedding serves as the LM head
+            if name == "lm_head.weight" and (self.lm_head is None or self.head_copies_embedding):
+                continue  # tied: the embedding serves as the LM head (or fills it, see above)
+            if name == "model.embed_tokens.weight" and self.head_copies_embedding:
+                loaded.add("lm_head.weight")  # copied from the embedding in `process_weights_after_loading`
             module_name, _, param_name = name.rpartition(".")
             leaf = module_name.rpartition(".")[2]
             if leaf in self.packed:

@@ -46,6 +46,9 @@ class QuantizationConfig(ABC):
     name: ClassVar[str]
     # Other `quantization=` values that mean this checkpoint's format (e.g. "fp8" for compressed-tensors fp8).
     aliases: frozenset[str] = frozenset()
+    # Whether `quantize_lm_head` is honoured: the on-the-fly configs that quantize a plain LM head set it.
+    can_quantize_lm_head: ClassVar[bool] = False
+    quantize_lm_head: bool = False  # set by `resolve_quantization`; `linear_method` reads it
 
     @classmethod
     def from_config(cls, hf_quant_config: dict) -> QuantizationConfig:
@@ -129,11 +132,30 @@ def detect(hf_config) -> QuantizationConfig | None:
 
 
 def resolve_quantization(
-    requested: str | None, hf_config, model_path: str | None = None
+    requested: str | None, hf_config, model_path: str | None = None, *, quantize_lm_head: bool = False
 ) -> QuantizationConfig | None:
     """The config to build the model with, from `quantization=` and the checkpoint's own config.
 
-    `model_path`: the checkpoint directory (None for random weights), for formats that read its files."""
+    `model_path`: the checkpoint directory (None for random weights), for formats that read its files.
+    `quantize_lm_head`: the LM head quantized too, which only on-the-fly quantization offers."""
+    config = _resolve(requested, hf_config, model_path)
+    if quantize_lm_head:
+        if config is None or not type(config).can_quantize_lm_head or getattr(config, "checkpoint", False):
+            what = "no quantization" if config is None else config.describe()
+            raise ValueError(
+                f"quantize_lm_head applies to on-the-fly quantization ({', '.join(lm_head_names())}) of an "
+                f"unquantized checkpoint; this model runs {what}"
+            )
+        config.quantize_lm_head = True
+    return config
+
+
+def lm_head_names() -> list[str]:
+    """The registered formats whose on-the-fly quantization can include the LM head."""
+    return [n for n in quantization_names() if get_quantization_config_cls(n).can_quantize_lm_head]
+
+
+def _resolve(requested: str | None, hf_config, model_path: str | None) -> QuantizationConfig | None:
     if requested == "none":
         requested = None
     if requested is not None:
@@ -167,7 +189,7 @@ def module_matches(name: str, patterns: Sequence[str]) -> bool:
 
 def weight_bytes(model) -> dict[str, int]:
     """Bytes of parameters: all of them, and those of the decoder's linear layers (codes, scales, biases;
-    the LM head, which stays unquantized, is left out)."""
+    the LM head, unquantized unless `quantize_lm_head`, is left out)."""
     from qwick.layers.linear import Linear
 
     total = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -371,11 +371,13 @@ class Int4Config(QuantizationConfig):
     tokens identical to the unquantized model's 50.0% vs 41.6%, teacher-forced top-1 95.7% vs 93.0%. A
     group's [min, max] maps onto all 16 levels, where symmetric RTN wastes levels on the side of zero a
     group reaches less far. The zero points cost 1/128 byte per weight (179 vs 176 MiB of decoder linear
-    layers, 683 MiB in bf16). The LM head and the embeddings stay in the model dtype; a layer whose K is
-    not a multiple of 128 stays unquantized (logged). `Int4Config(sym=True)` is the symmetric variant.
+    layers, 683 MiB in bf16). The LM head (unless `quantize_lm_head`) and the embeddings stay in the model
+    dtype; a layer whose K is not a multiple of 128 stays unquantized (logged). `Int4Config(sym=True)` is
+    the symmetric variant.
     """
 
     name = "int4"
+    can_quantize_lm_head = True
     sym = False
     group_size = rtn.DEFAULT_GROUP_SIZE
 
@@ -392,6 +394,6 @@ class Int4Config(QuantizationConfig):
         return f"int4 (quantized while loading: round to nearest, {kind}, group {self.group_size})"
 
     def linear_method(self, prefix: str, shard_names: Sequence[str]) -> RtnInt4LinearMethod | None:
-        if prefix == "lm_head":
+        if prefix == "lm_head" and not self.quantize_lm_head:
             return None
         return RtnInt4LinearMethod(prefix, self.group_size, sym=self.sym)

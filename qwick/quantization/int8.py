@@ -14,6 +14,7 @@ from qwick.quantization.w8a8 import W8A8LinearMethod
 
 class Int8Config(QuantizationConfig):
     name = "int8"
+    can_quantize_lm_head = True
 
     @classmethod
     def for_unquantized_checkpoint(cls) -> Int8Config:
@@ -23,6 +24,6 @@ class Int8Config(QuantizationConfig):
         return "int8 (quantized while loading, per-channel weight scales)"
 
     def linear_method(self, prefix: str, shard_names: Sequence[str]) -> W8A8LinearMethod | None:
-        if prefix == "lm_head":
+        if prefix == "lm_head" and not self.quantize_lm_head:
             return None
         return W8A8LinearMethod(torch.int8, checkpoint=False)

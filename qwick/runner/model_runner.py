@@ -124,6 +124,7 @@ class ModelRunner:
             load_format=engine_config.load_format,
             seed=engine_config.seed,
             quantization=engine_config.quantization,
+            quantize_lm_head=engine_config.quantize_lm_head,
         )
         self.vocab_size = hf_config.vocab_size
         self.backend = select_attention_backend(engine_config.attention_backend, self.block_size, self.device)

@@ -34,6 +34,18 @@ def test_quality_report(tiny_qwen2_dir, tmp_path, capsys):
         assert abs(math.log(mode["perplexity"] / none["perplexity"])) < 0.1
 
 
+def test_quality_with_the_lm_head_quantized(tiny_qwen2_dir, tmp_path, capsys):
+    """`--quantize-lm-head` applies to the quantized modes; the reference keeps its head."""
+    out = tmp_path / "quality.json"
+    args = ["bench", "quality", tiny_qwen2_dir, *ENGINE, "--modes", "none", "int8", "--quantize-lm-head"]
+    args += ["--window", "64", "--prompt-len", "16", "--max-tokens", "4", "--num-prompts", "2"]
+    assert main([*args, "--output-json", str(out)]) == 0
+    assert "| int8 + LM head | float32 |" in capsys.readouterr().out
+    none, int8 = json.loads(out.read_text())["result"]["modes"]
+    assert not none["quantize_lm_head"] and int8["quantize_lm_head"]
+    assert int8["teacher_forced_top1"] > 0.5
+
+
 def test_quality_needs_the_reference_first(tiny_qwen2_dir, capsys):
     assert main(["bench", "quality", tiny_qwen2_dir, *ENGINE, "--modes", "fp8"]) == 2
     assert "must start with 'none'" in capsys.readouterr().err

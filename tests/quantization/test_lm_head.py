@@ -1,0 +1,160 @@
+"""`quantize_lm_head`: the on-the-fly modes (fp8, int8, int4) quantize the LM head too, in untied and tied
+models (a tied head becomes its own quantized copy of the embedding, which stays as it was), and the option
+is refused where it cannot apply.
+
+The oracle is transformers on the weights qwick holds, dequantized (`checkpoint_tensors`, with the tied
+head untied into its own matrix), with the 8-bit modes' per-token activation rounding applied to every
+linear input, the LM head's included. For int4 (no activation rounding) every step's logits agree to 1e-4.
+With 8-bit activations, float32 rounding differences of ~1e-7 between the two can move an activation across
+a code boundary and a logit by ~0.02, so there the model is held to greedy tokens, and the head itself, on
+the hidden states it was given while generating, to 1e-5.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, Qwen2ForCausalLM
+
+from qwick import LLM, SamplingParams
+from tests.models.test_decoder_matches_transformers import check_against_reference
+from tests.quantization.checkpoints import (
+    FP8,
+    add_activation_fake_quant,
+    fake_quant_activations,
+    write_quantized_checkpoint,
+)
+from tests.utils import hf_greedy, make_tiny_model
+
+PROMPTS = [list(range(10, 13)), [(7 * i) % 300 + 5 for i in range(23)]]
+CODES = {"fp8": FP8, "int8": torch.int8, "int4": torch.int32}  # the head's stored weight dtype
+# Relative error of the head's dequantized weight against the embedding it came from (random weights of
+# std 0.08): e4m3 keeps 3 mantissa bits, int8 per channel ~7, int4 RTN in groups of 128 ~3.
+HEAD_ERROR = {"fp8": (0.01, 0.06), "int8": (1e-4, 0.01), "int4": (0.02, 0.15)}
+
+
+def _llm(path: str, mode: str | None, lm_head: bool = True) -> LLM:
+    return LLM(
+        path,
+        dtype="float32",
+        num_gpu_blocks_override=64,
+        block_size=4,
+        max_model_len=128,
+        quantization=mode,
+        quantize_lm_head=lm_head,
+    )
+
+
+def _reference(model, path: str, mode: str) -> Qwen2ForCausalLM:
+    """transformers on `model`'s dequantized weights, the head untied, activations rounded as qwick does."""
+    state = {name: t.float().cpu() for name, t in model.checkpoint_tensors()}
+    state["lm_head.weight"] = model.lm_head.method.dense_weight(model.lm_head).float().cpu()
+    config = AutoConfig.from_pretrained(path)
+    config.tie_word_embeddings = False
+    hf = Qwen2ForCausalLM(config).eval()
+    hf.load_state_dict(state)
+    if mode != "int4":  # W8A8: every linear input quantized per token, the LM head's too
+        add_activation_fake_quant(hf, CODES[mode])
+        hf.lm_head.register_forward_pre_hook(
+            lambda _m, args: (fake_quant_activations(args[0], CODES[mode], None),)
+        )
+    return hf
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("mode", list(CODES))
+def test_quantized_lm_head_matches_transformers(mode, tied, tmp_path):
+    path = str(tmp_path / "model")
+    make_tiny_model("qwen2", path, tie_word_embeddings=tied, hidden_size=128)  # K: int4's whole groups
+    checkpoint = load_file(f"{path}/model.safetensors")
+    llm = _llm(path, mode)
+    model = llm.llm_engine.core.runner.model
+    head = model.lm_head
+    assert head is not None and head.method.quantized and head.weight.dtype == CODES[mode]
+    # The embedding lookups keep the checkpoint's values; the head holds their (or its own) quantized copy.
+    embed = checkpoint["model.embed_tokens.weight"]
+    assert torch.equal(model.model.embed_tokens.weight.cpu(), embed)
+    source = embed if tied else checkpoint["lm_head.weight"]
+    error = (head.method.dense_weight(head).float().cpu() - source).norm() / source.norm()
+    low, high = HEAD_ERROR[mode]
+    assert low < error.item() < high, f"the head's weight is {error:.2%} off the matrix it quantizes"
+    reference = _reference(model, path, mode)
+    if mode == "int4":
+        check_against_reference(llm, reference, PROMPTS, max_tokens=8)
+        return
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    compute_logits = model.compute_logits
+    model.compute_logits = lambda hidden: seen.append((hidden.clone(), compute_logits(hidden))) or seen[-1][1]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False)):
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 8)
+    for hidden, logits in seen:
+        expected = reference.lm_head(hidden.float())  # the hook rounds the activations as W8A8 does
+        torch.testing.assert_close(logits.float(), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_the_head_stays_unquantized_by_default(tied, tmp_path):
+    path = str(tmp_path / "model")
+    make_tiny_model("qwen2", path, tie_word_embeddings=tied, hidden_size=128)
+    model = _llm(path, "int8", lm_head=False).llm_engine.core.runner.model
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.int8
+    if tied:  # the embedding itself serves as the head
+        assert model.lm_head is None and model.model.embed_tokens.weight.dtype == torch.float32
+    else:
+        assert not model.lm_head.method.quantized and model.lm_head.weight.dtype == torch.float32
+
+
+def test_quantize_lm_head_is_refused_where_it_cannot_apply(tiny_qwen2_dir, tmp_path):
+    with pytest.raises(ValueError, match="on-the-fly quantization.*no quantization"):
+        _llm(tiny_qwen2_dir, None)
+    path = str(tmp_path / "fp8-checkpoint")
+    write_quantized_checkpoint(make_tiny_model("qwen2", path), path, "ct-fp8-channel")
+    with pytest.raises(ValueError, match="on-the-fly quantization.*compressed-tensors"):
+        _llm(path, None)  # a quantized checkpoint keeps its head as it ships
+    with pytest.raises(ValueError, match="on-the-fly quantization.*compressed-tensors"):
+        _llm(path, "fp8")
+
+
+# On the GPU in float32 (every step W8A8, as in tests/quantization/test_w8a8_gpu.py, CUDA graphs on):
+# (relative logit bound, least greedy agreement) against the same oracle. fp8's tensor cores accumulate
+# below fp32 precision, which flips downstream activation codes in these tiny random models.
+GPU_CASES = {"fp8": (0.05, 0.6), "int8": (0.01, 1.0), "int4": (0.01, 0.9)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("mode", list(GPU_CASES))
+def test_quantized_lm_head_on_gpu(mode, tied, tmp_path):
+    from tests.models.test_decoder_matches_transformers import LogitsRecorder
+    from tests.utils import hf_logits
+
+    path = str(tmp_path / "model")
+    make_tiny_model("qwen2", path, tie_word_embeddings=tied, hidden_size=128)
+    llm = LLM(
+        path,
+        dtype="float32",
+        num_gpu_blocks_override=128,
+        block_size=4,
+        max_model_len=256,
+        quantization=mode,
+        quantize_lm_head=True,
+    )
+    runner = llm.llm_engine.core.runner
+    head = runner.model.lm_head
+    assert runner.device.type == "cuda" and head.method.quantized and head.weight.dtype == CODES[mode]
+    reference = _reference(runner.model, path, mode)
+    bound, least_agreement = GPU_CASES[mode]
+    recorder = LogitsRecorder(llm)
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    agree = 0
+    for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False)):
+        tokens = out.outputs[0].token_ids
+        ours = torch.stack(recorder.by_request[out.request_id]).double().cpu()
+        ref = hf_logits(reference, prompt + tokens)[len(prompt) - 1 : len(prompt) + 9].double()
+        rel = ((ours - ref).norm() / ref.norm()).item()
+        assert rel < bound, f"{mode}: logits off by {rel:.2%}"
+        agree += sum(a == b for a, b in zip(tokens, hf_greedy(reference, prompt, 10)))
+    assert runner.num_graph_replays > 0
+    assert agree >= least_agreement * 10 * len(PROMPTS), f"greedy tokens agree at {agree} steps"
