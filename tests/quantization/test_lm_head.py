@@ -34,6 +34,13 @@ CODES = {"fp8": FP8, "int8": torch.int8, "int4": torch.int32}  # the head's stor
 HEAD_ERROR = {"fp8": (0.01, 0.06), "int8": (1e-4, 0.01), "int4": (0.02, 0.15)}
 
 
+def _tiny(tmp_path, tied: bool) -> str:
+    """A tiny Qwen2 checkpoint whose hidden size (the head's K) is one whole int4 group."""
+    path = str(tmp_path / "model")
+    make_tiny_model("qwen2", path, tie_word_embeddings=tied, hidden_size=128)
+    return path
+
+
 def _llm(path: str, mode: str | None, lm_head: bool = True) -> LLM:
     return LLM(
         path,
@@ -65,8 +72,7 @@ def _reference(model, path: str, mode: str) -> Qwen2ForCausalLM:
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("mode", list(CODES))
 def test_quantized_lm_head_matches_transformers(mode, tied, tmp_path):
-    path = str(tmp_path / "model")
-    make_tiny_model("qwen2", path, tie_word_embeddings=tied, hidden_size=128)  # K: int4's whole groups
+    path = _tiny(tmp_path, tied)
     checkpoint = load_file(f"{path}/model.safetensors")
     llm = _llm(path, mode)
     model = llm.llm_engine.core.runner.model
@@ -96,8 +102,7 @@ def test_quantized_lm_head_matches_transformers(mode, tied, tmp_path):
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_the_head_stays_unquantized_by_default(tied, tmp_path):
-    path = str(tmp_path / "model")
-    make_tiny_model("qwen2", path, tie_word_embeddings=tied, hidden_size=128)
+    path = _tiny(tmp_path, tied)
     model = _llm(path, "int8", lm_head=False).llm_engine.core.runner.model
     assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.int8
     if tied:  # the embedding itself serves as the head
@@ -130,17 +135,8 @@ def test_quantized_lm_head_on_gpu(mode, tied, tmp_path):
     from tests.models.test_decoder_matches_transformers import LogitsRecorder
     from tests.utils import hf_logits
 
-    path = str(tmp_path / "model")
-    make_tiny_model("qwen2", path, tie_word_embeddings=tied, hidden_size=128)
-    llm = LLM(
-        path,
-        dtype="float32",
-        num_gpu_blocks_override=128,
-        block_size=4,
-        max_model_len=256,
-        quantization=mode,
-        quantize_lm_head=True,
-    )
+    path = _tiny(tmp_path, tied)
+    llm = _llm(path, mode)
     runner = llm.llm_engine.core.runner
     head = runner.model.lm_head
     assert runner.device.type == "cuda" and head.method.quantized and head.weight.dtype == CODES[mode]
