@@ -14,13 +14,18 @@ from qwick.entrypoints.cli import main
 ENGINE = ["--dtype", "float32", "--num-gpu-blocks-override", "256", "--max-model-len", "512"]
 
 
-def test_quality_report(tiny_qwen2_dir, tmp_path, capsys):
+def _quality(model_dir: str, tmp_path, capsys, *flags: str) -> tuple[str, dict]:
+    """`qwick bench quality` on a small window: (the printed table, the JSON report's result)."""
     out = tmp_path / "quality.json"
-    args = ["bench", "quality", tiny_qwen2_dir, *ENGINE, "--modes", "none", "fp8", "int8"]
+    args = ["bench", "quality", model_dir, *ENGINE, *flags, "--output-json", str(out)]
     args += ["--window", "64", "--prompt-len", "16", "--max-tokens", "6", "--num-prompts", "3"]
-    assert main([*args, "--output-json", str(out)]) == 0
-    assert "| fp8 | float32 |" in capsys.readouterr().out
-    result = json.loads(out.read_text())["result"]
+    assert main(args) == 0
+    return capsys.readouterr().out, json.loads(out.read_text())["result"]
+
+
+def test_quality_report(tiny_qwen2_dir, tmp_path, capsys):
+    printed, result = _quality(tiny_qwen2_dir, tmp_path, capsys, "--modes", "none", "fp8", "int8")
+    assert "| fp8 | float32 |" in printed
     corpus = stdlib_corpus()
     assert result["corpus"]["files"] == list(STDLIB_FILES) and result["corpus"]["sha256"] == corpus.sha256
     none, fp8, int8 = result["modes"]
@@ -36,12 +41,10 @@ def test_quality_report(tiny_qwen2_dir, tmp_path, capsys):
 
 def test_quality_with_the_lm_head_quantized(tiny_qwen2_dir, tmp_path, capsys):
     """`--quantize-lm-head` applies to the quantized modes; the reference keeps its head."""
-    out = tmp_path / "quality.json"
-    args = ["bench", "quality", tiny_qwen2_dir, *ENGINE, "--modes", "none", "int8", "--quantize-lm-head"]
-    args += ["--window", "64", "--prompt-len", "16", "--max-tokens", "4", "--num-prompts", "2"]
-    assert main([*args, "--output-json", str(out)]) == 0
-    assert "| int8 + LM head | float32 |" in capsys.readouterr().out
-    none, int8 = json.loads(out.read_text())["result"]["modes"]
+    flags = ("--modes", "none", "int8", "--quantize-lm-head")
+    printed, result = _quality(tiny_qwen2_dir, tmp_path, capsys, *flags)
+    assert "| int8 + LM head | float32 |" in printed
+    none, int8 = result["modes"]
     assert not none["quantize_lm_head"] and int8["quantize_lm_head"]
     assert int8["teacher_forced_top1"] > 0.5
 
