@@ -159,7 +159,9 @@ def build_model(
     model.eval()
     logger.info("Built %s (%s, %s) in %.1fs", model_cls.__name__, dtype, device, time.perf_counter() - start)
     if quant_config is not None:
-        from qwick.quantization.base import log_quantized
+        from qwick.quantization.base import log_quantized, warn_slow_on_cpu
 
         log_quantized(model, quant_config.describe())
+        if device.type == "cpu":
+            warn_slow_on_cpu(model)
     return model

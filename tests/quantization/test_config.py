@@ -146,3 +146,16 @@ def test_cli_generates_with_quantization(tiny_qwen2_dir, capsys):
     args += ["--num-gpu-blocks-override", "64", "--max-model-len", "256"]
     assert main(args) == 0
     assert "4 tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode,warned", [("fp8", True), ("int8", False), (None, False)])
+def test_fp8_on_a_cpu_says_it_is_slow(tiny_qwen2_dir, caplog, mode, warned):
+    """fp8 weights have no CPU kernel (each matmul converts every code): the load says so, once."""
+    from qwick import LLM
+
+    with caplog.at_level("WARNING", logger="qwick.quantization.base"):
+        LLM(tiny_qwen2_dir, quantization=mode, num_gpu_blocks_override=16, max_model_len=64)
+    messages = [r.getMessage() for r in caplog.records if "no CPU kernel" in r.getMessage()]
+    assert len(messages) == (1 if warned else 0)
+    if warned:
+        assert messages[0].startswith("8 linear layers hold fp8 weights")
