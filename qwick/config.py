@@ -58,8 +58,9 @@ class EngineConfig:
     async_scheduling: bool | None = None
     seed: int = 0
     quantization: str | None = None  # "fp8", "int8", ... (qwick.quantization); a checkpoint's is detected
-    # The LM head quantized too, by the on-the-fly modes (fp8, int8, int4); by default it stays in the
-    # model's dtype, as in quantized checkpoints (see BENCHMARKS.md for what it costs in quality).
+    # The LM head quantized too, by the modes that quantize while loading (fp8, int8, int4) or keep a GGUF
+    # file's blocks (gguf); by default it stays in the model's dtype, as in quantized checkpoints (see
+    # BENCHMARKS.md for what it costs in quality).
     quantize_lm_head: bool = False
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8" (= "fp8_e4m3"): see KV_CACHE_DTYPES
     tensor_parallel_size: int = 1

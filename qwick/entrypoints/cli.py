@@ -93,9 +93,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--quantize-lm-head",
         action="store_true",
-        help="with --quantization fp8, int8 or int4: quantize the LM head (the vocabulary projection) too. "
-        "It is the largest single matrix a decode step reads (1.1 GB at 7B, bf16); quantized checkpoints "
-        "keep it in bf16, and so does qwick without this flag (see BENCHMARKS.md for the quality cost)",
+        help="with --quantization fp8, int8 or int4: quantize the LM head (the vocabulary projection) too; "
+        "with gguf: keep the file's head blocks (a tied model's token-embedding blocks) packed. It is the "
+        "largest single matrix a decode step reads (1.1 GB at 7B, bf16); quantized checkpoints keep it in "
+        "bf16, and so does qwick without this flag (see BENCHMARKS.md for the quality cost)",
     )
     g.add_argument(
         "--kv-cache-dtype",

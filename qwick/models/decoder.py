@@ -253,12 +253,15 @@ class DecoderForCausalLM(nn.Module):
         self.model = DecoderModel(config, self.flags_for(config), max_len, quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         head_method = _linear_method(quant_config, "lm_head")
-        # Tied and quantized (`quantize_lm_head`): the head is its own layer, filled from the embedding.
-        self.head_copies_embedding = self.tie_word_embeddings and head_method is not None
         if self.tie_word_embeddings and head_method is None:
             self.lm_head = None
         else:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, method=head_method)
+        # Tied and quantized (`quantize_lm_head`): the head is its own layer. One that holds a plain weight
+        # while loading is filled from the embedding; one without (GGUF blocks) loads its own tensors.
+        self.head_copies_embedding = (
+            self.tie_word_embeddings and head_method is not None and hasattr(self.lm_head, "weight")
+        )
         self.linear_method = LinearMethod()
         for p in self.parameters():
             p.requires_grad_(False)

@@ -46,7 +46,8 @@ class QuantizationConfig(ABC):
     name: ClassVar[str]
     # Other `quantization=` values that mean this checkpoint's format (e.g. "fp8" for compressed-tensors fp8).
     aliases: frozenset[str] = frozenset()
-    # Whether `quantize_lm_head` is honoured: the on-the-fly configs that quantize a plain LM head set it.
+    # Whether `quantize_lm_head` is honoured: the on-the-fly configs that quantize a plain LM head, and GGUF
+    # (which keeps the file's head blocks), set it.
     can_quantize_lm_head: ClassVar[bool] = False
     quantize_lm_head: bool = False  # set by `resolve_quantization`; `linear_method` reads it
 
@@ -137,21 +138,22 @@ def resolve_quantization(
     """The config to build the model with, from `quantization=` and the checkpoint's own config.
 
     `model_path`: the checkpoint directory (None for random weights), for formats that read its files.
-    `quantize_lm_head`: the LM head quantized too, which only on-the-fly quantization offers."""
+    `quantize_lm_head`: the LM head quantized too, which the modes that quantize (or repack) weights while
+    loading offer; a quantized checkpoint's head stays as it ships."""
     config = _resolve(requested, hf_config, model_path)
     if quantize_lm_head:
         if config is None or not type(config).can_quantize_lm_head or getattr(config, "checkpoint", False):
             what = "no quantization" if config is None else config.describe()
             raise ValueError(
-                f"quantize_lm_head applies to on-the-fly quantization ({', '.join(lm_head_names())}) of an "
-                f"unquantized checkpoint; this model runs {what}"
+                f"quantize_lm_head applies to quantization={'|'.join(lm_head_names())} (weights quantized or "
+                f"repacked while loading); this model runs {what}"
             )
         config.quantize_lm_head = True
     return config
 
 
 def lm_head_names() -> list[str]:
-    """The registered formats whose on-the-fly quantization can include the LM head."""
+    """The registered formats that can include the LM head (`quantize_lm_head`)."""
     return [n for n in quantization_names() if get_quantization_config_cls(n).can_quantize_lm_head]
 
 

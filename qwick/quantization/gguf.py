@@ -6,7 +6,8 @@ copies and read the GGUF file's own blocks instead: `formats.gguf_quant.repack` 
 Q6_K blocks into `QuantizedWeight` *losslessly* (dequantizing the repacked weight in fp32 gives bit for bit
 what `gguf.quants.dequantize` gives, hence what the float32 directory holds; fused shards of mixed types
 give the same values, a zero's sign aside), so the model computes with the same weights as the dequantized
-load, from fewer bytes:
+load, from fewer bytes (the LM head too with `quantize_lm_head`: the file's `output.weight`, or for a tied
+model its token embedding's blocks, the lookups keeping the float table):
 
     Q4_K -> 4-bit codes, fp32 scale and min per 32        6 bits per weight (the file: 4.5)
     Q5_0 -> 8-bit codes holding 5 bits, fp16 scale per 32  8.5 bits (the file: 5.5)
@@ -16,7 +17,7 @@ load, from fewer bytes:
 against 16 bits in bf16. Shards fused into one layer (q/k/v, gate/up) with different types share one form:
 `layout.fuse_n` (the same zero-point form when it can, else 8-bit codes with fp32 scales and mins in the
 smallest group, still exact). Layers with another type (F16, Q4_0, Q5_K, IQ*, ...) load dequantized as
-without this mode (logged); the LM head and the embeddings always do, as in every quantization mode.
+without this mode (logged); the embeddings always do, and the LM head unless `quantize_lm_head`.
 
 Why a flag and not the default for GGUF files: on CPUs the reference path dequantizes every weight on
 every forward, which is several times slower than the oneDNN bf16 matmul of the dequantized load. The
@@ -46,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 class GgufConfig(QuantizationConfig):
     name = "gguf"
+    can_quantize_lm_head = True
 
     def __init__(self, gguf_path: str, tensors: dict[str, Any]) -> None:
         self.gguf_path = gguf_path
@@ -73,8 +75,11 @@ class GgufConfig(QuantizationConfig):
         return text + ")"
 
     def linear_method(self, prefix: str, shard_names: Sequence[str]) -> GgufLinearMethod | None:
-        if prefix == "lm_head":  # stays in the model dtype, as in every mode
-            return None
+        if prefix == "lm_head":
+            if not self.quantize_lm_head:  # stays in the model dtype, as in every mode
+                return None
+            if "lm_head.weight" not in self.tensors:  # tied: the head keeps the embedding's blocks
+                self.tensors["lm_head.weight"] = self.tensors.get("model.embed_tokens.weight")
         names = [f"{n}.weight" for n in shard_names]
         stored = [self.tensors.get(n) for n in names]
         if any(t is None for t in stored):

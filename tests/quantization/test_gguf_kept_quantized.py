@@ -225,6 +225,43 @@ def test_bfloat16_logits_close_and_fewer_bytes(mixed_gguf):
     assert sizes["gguf"]["total"] < sizes[None]["total"]
 
 
+def test_lm_head_kept_quantized(mixed_gguf):
+    """`quantize_lm_head`: the head keeps the file's Q6_K `output.weight` (bit for bit the converted float
+    tensor) and the logits are the dequantized load's."""
+    llm = _llm(mixed_gguf, quantization="gguf", quantize_lm_head=True)
+    model = llm.llm_engine.core.runner.model
+    head = model.lm_head
+    assert isinstance(head.method, GgufLinearMethod) and head.method.types == ["Q6_K"]
+    converted = load_file(os.path.join(llm.llm_engine.model_path, "model.safetensors"))
+    assert torch.equal(head.method.dense_weight(head).float().cpu(), converted["lm_head.weight"])
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    ours = llm.generate(PROMPTS, params, use_tqdm=False)
+    ref = _llm(mixed_gguf).generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in ours] == [o.outputs[0].token_ids for o in ref]
+
+
+def test_tied_lm_head_keeps_the_embedding_blocks(tmp_path):
+    """A tied GGUF model has no `output.weight`: with `quantize_lm_head` the head repacks the token
+    embedding's blocks, and the lookups keep the float table."""
+    from tests.loader.test_gguf import write_gguf
+
+    path = tmp_path / "tied.gguf"
+    write_gguf(path, "qwen2", QT.Q8_0, tied=True)
+    llm = _llm(str(path), quantization="gguf", quantize_lm_head=True)
+    model = llm.llm_engine.core.runner.model
+    assert model.tie_word_embeddings and isinstance(model.lm_head.method, GgufLinearMethod)
+    assert model.lm_head.method.types == ["Q8_0"] and model.lm_head.weight.dtype == torch.int32
+    embed = model.model.embed_tokens.weight
+    assert embed.dtype == torch.float32
+    assert torch.equal(model.lm_head.method.dense_weight(model.lm_head).float(), embed)
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    ref = _llm(str(path)).generate(
+        [PROMPTS[0]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    )
+    assert out[0].outputs[0].token_ids == ref[0].outputs[0].token_ids
+
+
 def test_errors(mixed_gguf, tiny_qwen2_dir, tmp_path):
     with pytest.raises(ValueError, match="not a model converted from a GGUF file.*only .gguf models"):
         _llm(tiny_qwen2_dir, quantization="gguf")

@@ -1,6 +1,6 @@
 """`quantize_lm_head`: the on-the-fly modes (fp8, int8, int4) quantize the LM head too, in untied and tied
 models (a tied head becomes its own quantized copy of the embedding, which stays as it was), and the option
-is refused where it cannot apply.
+is refused where it cannot apply. (GGUF's kept head blocks: tests/quantization/test_gguf_kept_quantized.py.)
 
 The oracle is transformers on the weights qwick holds, dequantized (`checkpoint_tensors`, with the tied
 head untied into its own matrix), with the 8-bit modes' per-token activation rounding applied to every
@@ -112,13 +112,13 @@ def test_the_head_stays_unquantized_by_default(tied, tmp_path):
 
 
 def test_quantize_lm_head_is_refused_where_it_cannot_apply(tiny_qwen2_dir, tmp_path):
-    with pytest.raises(ValueError, match="on-the-fly quantization.*no quantization"):
+    with pytest.raises(ValueError, match="quantization=fp8[|]gguf[|]int4[|]int8 .*no quantization"):
         _llm(tiny_qwen2_dir, None)
     path = str(tmp_path / "fp8-checkpoint")
     write_quantized_checkpoint(make_tiny_model("qwen2", path), path, "ct-fp8-channel")
-    with pytest.raises(ValueError, match="on-the-fly quantization.*compressed-tensors"):
+    with pytest.raises(ValueError, match="applies to quantization=.*compressed-tensors"):
         _llm(path, None)  # a quantized checkpoint keeps its head as it ships
-    with pytest.raises(ValueError, match="on-the-fly quantization.*compressed-tensors"):
+    with pytest.raises(ValueError, match="applies to quantization=.*compressed-tensors"):
         _llm(path, "fp8")
 
 
