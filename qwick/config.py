@@ -100,6 +100,11 @@ class EngineConfig:
         if self.quantization is not None and self.quantization not in quantization_names():
             supported = ", ".join(quantization_names())
             raise ValueError(f"unknown quantization {self.quantization!r}; qwick supports: {supported}.")
+        if self.quantize_lm_head and self.quantization is None:
+            raise ValueError(
+                "quantize_lm_head needs quantization=fp8, int8, int4 or gguf: the head is quantized (or kept "
+                "packed) while loading; an unquantized model, or a quantized checkpoint, keeps its head."
+            )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}."

@@ -47,8 +47,8 @@ class QuantizationConfig(ABC):
     # Other `quantization=` values that mean this checkpoint's format (e.g. "fp8" for compressed-tensors fp8).
     aliases: frozenset[str] = frozenset()
     # Whether `quantize_lm_head` is honoured: the on-the-fly configs that quantize a plain LM head, and GGUF
-    # (which keeps the file's head blocks), set it.
-    can_quantize_lm_head: ClassVar[bool] = False
+    # (which keeps the file's head blocks), set it; an instance may turn it off (an fp8 checkpoint's).
+    can_quantize_lm_head: bool = False
     quantize_lm_head: bool = False  # set by `resolve_quantization`; `linear_method` reads it
 
     @classmethod
@@ -142,7 +142,7 @@ def resolve_quantization(
     loading offer; a quantized checkpoint's head stays as it ships."""
     config = _resolve(requested, hf_config, model_path)
     if quantize_lm_head:
-        if config is None or not type(config).can_quantize_lm_head or getattr(config, "checkpoint", False):
+        if config is None or not config.can_quantize_lm_head:
             what = "no quantization" if config is None else config.describe()
             raise ValueError(
                 f"quantize_lm_head applies to quantization={'|'.join(lm_head_names())} (weights quantized or "

@@ -19,12 +19,13 @@ logger = logging.getLogger(__name__)
 
 class Fp8Config(QuantizationConfig):
     name = "fp8"
-    can_quantize_lm_head = True  # on the fly only (`checkpoint` False)
+    can_quantize_lm_head = True  # on the fly; a checkpoint's config turns it off (`__init__`)
 
     def __init__(
         self, *, checkpoint: bool, block: tuple[int, int] | None = None, ignored: Sequence[str] = ()
     ) -> None:
         self.checkpoint = checkpoint
+        self.can_quantize_lm_head = not checkpoint  # a checkpoint's head stays as it ships
         self.block = block
         self.ignored = list(ignored)
 

@@ -18,6 +18,8 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, Qwen2ForCausalLM
 
 from qwick import LLM, SamplingParams
+from qwick.config import EngineConfig
+from qwick.quantization.fp8 import Fp8Config
 from tests.models.test_decoder_matches_transformers import check_against_reference
 from tests.quantization.checkpoints import (
     FP8,
@@ -112,14 +114,14 @@ def test_the_head_stays_unquantized_by_default(tied, tmp_path):
 
 
 def test_quantize_lm_head_is_refused_where_it_cannot_apply(tiny_qwen2_dir, tmp_path):
-    with pytest.raises(ValueError, match="quantization=fp8[|]gguf[|]int4[|]int8 .*no quantization"):
-        _llm(tiny_qwen2_dir, None)
+    with pytest.raises(ValueError, match="quantize_lm_head needs quantization="):  # before any loading
+        EngineConfig(model=tiny_qwen2_dir, quantize_lm_head=True)
     path = str(tmp_path / "fp8-checkpoint")
     write_quantized_checkpoint(make_tiny_model("qwen2", path), path, "ct-fp8-channel")
     with pytest.raises(ValueError, match="applies to quantization=.*compressed-tensors"):
-        _llm(path, None)  # a quantized checkpoint keeps its head as it ships
-    with pytest.raises(ValueError, match="applies to quantization=.*compressed-tensors"):
-        _llm(path, "fp8")
+        _llm(path, "fp8")  # a quantized checkpoint keeps its head as it ships
+    assert Fp8Config.for_unquantized_checkpoint().can_quantize_lm_head  # fp8 on the fly: yes
+    assert not Fp8Config(checkpoint=True).can_quantize_lm_head  # an fp8 checkpoint's config: no
 
 
 # On the GPU in float32 (every step W8A8, as in tests/quantization/test_w8a8_gpu.py, CUDA graphs on):
