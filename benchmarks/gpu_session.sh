@@ -42,7 +42,9 @@
 #                                            # changes; next2: greedy tokens with an fp32 yardstick, the sweep
 #   bash benchmarks/gpu_session.sh shortgraphs  # one-split decode graphs for short contexts (on): tests,
 #                                            # batch 1 (bf16, int4) with them and without
-#   bash benchmarks/gpu_session.sh lmhead    # queued: the LM head quantized too (`--quantize-lm-head`): its
+#   bash benchmarks/gpu_session.sh headdefault  # the 8-bit modes with their head quantized (the default):
+#                                            # batch 1 bf16 / fp8 / int8, workload 3 bf16 / fp8
+#   bash benchmarks/gpu_session.sh lmhead    # the LM head quantized too (`--quantize-lm-head`): its
 #                                            # GPU tests, batch 1 per mode with it and without, fp8 workload 3
 #   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
 #                                            # (`ModelRunner.sampled_rows_only`, on): its GPU tests, the
@@ -356,11 +358,22 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     done
     run tput_fp8_head $TPUT --quantization fp8 --quantize-lm-head --output-json "$OUT/tput_fp8_head.json"
     ;;
+  headdefault)  # the 8-bit modes with their LM head quantized by default: batch 1 bf16 / fp8 / int8 and
+    # workload 3 bf16 / fp8, in one call (each "beside bf16 in the same run")
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT"
+    run b1_bf16 $CLI $B1 --output-json "$OUT/b1_bf16.json"
+    for q in fp8 int8; do
+      run "b1_$q" $CLI $B1 --quantization $q --output-json "$OUT/b1_$q.json"
+    done
+    grep -h "LM head quantized too" "$OUT"/b1_*.log | head -2
+    run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
+    run tput_fp8 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault" >&2
     exit 2
     ;;
 esac

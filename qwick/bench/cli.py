@@ -227,7 +227,7 @@ def cmd_quality(args: argparse.Namespace) -> dict:
 
     def make_llm(mode):
         args.quantization = mode
-        args.quantize_lm_head = lm_head and mode is not None
+        args.quantize_lm_head = lm_head if mode is not None else None
         return _build_llm(args)
 
     report = run(make_llm, modes, args.window, args.prompt_len, args.max_tokens, args.num_prompts)

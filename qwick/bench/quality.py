@@ -112,7 +112,7 @@ def evaluate(
     sizes = weight_bytes(runner.model)
     result = {
         "quantization": llm.llm_engine.config.quantization,
-        "quantize_lm_head": llm.llm_engine.config.quantize_lm_head,
+        "quantize_lm_head": bool(runner.model.quant_config and runner.model.quant_config.quantize_lm_head),
         "dtype": str(runner.dtype).removeprefix("torch."),
         "perplexity": math.exp(nll.mean().item()),
         "scored_tokens": nll.numel(),

@@ -122,13 +122,13 @@ def build_model(
     load_format: str = "auto",
     seed: int = 0,
     quantization: str | None = None,
-    quantize_lm_head: bool = False,
+    quantize_lm_head: bool | None = None,
 ) -> DecoderForCausalLM:
     """Build the model for `config` on `device`, fill it (checkpoint or dummy), prepare its weights.
 
     `quantization`: a registered name (qwick.quantization) or None; the checkpoint's own
     `quantization_config` is detected either way. `quantize_lm_head`: the on-the-fly modes quantize the LM
-    head too.
+    head too (None: the mode's default).
     """
     model_cls = resolve_model_class(config)
     quant_config = resolve_quantization(
@@ -161,7 +161,8 @@ def build_model(
     if quant_config is not None:
         from qwick.quantization.base import log_quantized, warn_slow_on_cpu
 
-        log_quantized(model, quant_config.describe())
+        head = "; LM head quantized too" if quant_config.quantize_lm_head else ""
+        log_quantized(model, quant_config.describe() + head)
         if device.type == "cpu":
             warn_slow_on_cpu(model)
     return model

@@ -49,6 +49,8 @@ class QuantizationConfig(ABC):
     # Whether `quantize_lm_head` is honoured: the on-the-fly configs that quantize a plain LM head, and GGUF
     # (which keeps the file's head blocks), set it; an instance may turn it off (an fp8 checkpoint's).
     can_quantize_lm_head: bool = False
+    # Whether it does so when `quantize_lm_head` is left unset (None): the 8-bit on-the-fly modes.
+    quantizes_lm_head_by_default: bool = False
     quantize_lm_head: bool = False  # set by `resolve_quantization`; `linear_method` reads it
 
     @classmethod
@@ -133,15 +135,19 @@ def detect(hf_config) -> QuantizationConfig | None:
 
 
 def resolve_quantization(
-    requested: str | None, hf_config, model_path: str | None = None, *, quantize_lm_head: bool = False
+    requested: str | None, hf_config, model_path: str | None = None, *, quantize_lm_head: bool | None = None
 ) -> QuantizationConfig | None:
     """The config to build the model with, from `quantization=` and the checkpoint's own config.
 
     `model_path`: the checkpoint directory (None for random weights), for formats that read its files.
     `quantize_lm_head`: the LM head quantized too, which the modes that quantize (or repack) weights while
-    loading offer; a quantized checkpoint's head stays as it ships."""
+    loading offer; a quantized checkpoint's head stays as it ships. None: the mode's default
+    (`quantizes_lm_head_by_default`)."""
     config = _resolve(requested, hf_config, model_path)
-    if quantize_lm_head:
+    if quantize_lm_head is None:
+        if config is not None and config.can_quantize_lm_head:
+            config.quantize_lm_head = config.quantizes_lm_head_by_default
+    elif quantize_lm_head:
         if config is None or not config.can_quantize_lm_head:
             what = "no quantization" if config is None else config.describe()
             raise ValueError(

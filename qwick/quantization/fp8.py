@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 class Fp8Config(QuantizationConfig):
     name = "fp8"
     can_quantize_lm_head = True  # on the fly; a checkpoint's config turns it off (`__init__`)
+    quantizes_lm_head_by_default = True  # an 8-bit head: +0.1% perplexity (BENCHMARKS.md)
 
     def __init__(
         self, *, checkpoint: bool, block: tuple[int, int] | None = None, ignored: Sequence[str] = ()

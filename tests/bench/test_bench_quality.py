@@ -25,7 +25,7 @@ def _quality(model_dir: str, tmp_path, capsys, *flags: str) -> tuple[str, dict]:
 
 def test_quality_report(tiny_qwen2_dir, tmp_path, capsys):
     printed, result = _quality(tiny_qwen2_dir, tmp_path, capsys, "--modes", "none", "fp8", "int8")
-    assert "| fp8 | float32 |" in printed
+    assert "| fp8 + LM head | float32 |" in printed  # the 8-bit modes quantize the head by default
     corpus = stdlib_corpus()
     assert result["corpus"]["files"] == list(STDLIB_FILES) and result["corpus"]["sha256"] == corpus.sha256
     none, fp8, int8 = result["modes"]
@@ -39,13 +39,19 @@ def test_quality_report(tiny_qwen2_dir, tmp_path, capsys):
         assert abs(math.log(mode["perplexity"] / none["perplexity"])) < 0.1
 
 
-def test_quality_with_the_lm_head_quantized(tiny_qwen2_dir, tmp_path, capsys):
-    """`--quantize-lm-head` applies to the quantized modes; the reference keeps its head."""
-    flags = ("--modes", "none", "int8", "--quantize-lm-head")
+@pytest.mark.parametrize(
+    ("flag", "heads"),
+    [(None, (True, False)), ("--quantize-lm-head", (True, True)), ("--no-quantize-lm-head", (False, False))],
+)
+def test_quality_with_the_lm_head_quantized(tiny_qwen2_dir, tmp_path, capsys, flag, heads):
+    """The LM head is quantized by default in the 8-bit modes, not in int4; `--quantize-lm-head` and
+    `--no-quantize-lm-head` decide for every quantized mode; the reference keeps its head."""
+    flags = ("--modes", "none", "int8", "int4") + ((flag,) if flag else ())
     printed, result = _quality(tiny_qwen2_dir, tmp_path, capsys, *flags)
-    assert "| int8 + LM head | float32 |" in printed
-    none, int8 = result["modes"]
-    assert not none["quantize_lm_head"] and int8["quantize_lm_head"]
+    none, int8, int4 = result["modes"]
+    assert not none["quantize_lm_head"] and (int8["quantize_lm_head"], int4["quantize_lm_head"]) == heads
+    assert ("| int8 + LM head | float32 |" in printed) == heads[0]
+    assert ("| int4 + LM head | float32 |" in printed) == heads[1]
     assert int8["teacher_forced_top1"] > 0.5
 
 

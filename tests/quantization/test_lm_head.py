@@ -126,8 +126,10 @@ def test_quantize_lm_head_is_refused_where_it_cannot_apply(tiny_qwen2_dir, tmp_p
 
 # On the GPU in float32 (every step W8A8, as in tests/quantization/test_w8a8_gpu.py, CUDA graphs on):
 # (relative logit bound, least greedy agreement) against the same oracle. fp8's tensor cores accumulate
-# below fp32 precision, which flips downstream activation codes in these tiny random models.
-GPU_CASES = {"fp8": (0.05, 0.6), "int8": (0.01, 1.0), "int4": (0.01, 0.9)}
+# below fp32 precision, which flips downstream activation codes in these tiny random models; with the head
+# an fp8 matmul too, the logits were 5.1-5.2% off on the H200 (2026-12-01), against 1.8-3.1% for the same
+# models with a float head (tests/quantization/test_w8a8_gpu.py).
+GPU_CASES = {"fp8": (0.08, 0.6), "int8": (0.01, 1.0), "int4": (0.01, 0.9)}
 
 
 @pytest.mark.gpu
