@@ -369,11 +369,21 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
     run tput_fp8 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
     ;;
+  stage3ttft)  # the extend kernel's third pipeline stage from 2048 queries instead of 4096
+    # (`LONG_PREFILL_QUERIES`): the 2048-token TTFT with each, alternating, one process per run
+    S3="import sys, qwick.layers.attention.triton_backend as T; T.LONG_PREFILL_QUERIES = 2048; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    TT="bench latency --shape qwen2.5-7b --max-model-len 4096 --input-len 2048 --output-len 2 --num-iters 7"
+    for i in 1 2; do
+      run "ttft_4096_$i" $CLI $TT --output-json "$OUT/ttft_4096_$i.json"
+      run "ttft_2048_$i" python -c "$S3" $TT --output-json "$OUT/ttft_2048_$i.json"
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft" >&2
     exit 2
     ;;
 esac
