@@ -2,6 +2,7 @@
 
     python benchmarks/greedy_vs_transformers.py [fp8|int8|int4]
     ALL_ROWS=1 python benchmarks/greedy_vs_transformers.py   # also with every token through the last layer
+    LM_HEAD=0 python benchmarks/greedy_vs_transformers.py fp8  # the LM head in bf16 (1: quantized)
 
 With a quantization mode, qwick quantizes the random weights while loading and transformers runs their
 dequantized copy (`checkpoint_tensors` exports it) in bf16 with unquantized activations: the same function
@@ -29,8 +30,9 @@ llm = LLM(
     model_dir_for_shape(os.environ.get("SHAPE", "qwen2.5-7b")),
     load_format="dummy",
     max_model_len=4096,
-    gpu_memory_utilization=0.5,
+    gpu_memory_utilization=0.3,  # room for transformers in bf16 and in fp32 beside it
     quantization=quantization,
+    quantize_lm_head={"0": False, "1": True}.get(os.environ.get("LM_HEAD", "")),  # unset: the mode's default
     enable_prefix_caching=False,  # each run (ALL_ROWS) computes its prompts afresh
 )
 print(f"quantization: {quantization or 'none (bf16)'}", flush=True)
