@@ -25,6 +25,7 @@ import zmq
 
 from qwick.config import EngineConfig
 from qwick.engine import messages as m
+from qwick.engine.startup_gc import freeze_startup_objects
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def run_engine_core(
             exit_code = 1
             return
         runner = core.runner
+        freeze_startup_objects("engine core")
         ready = m.EngineReady(
             pid=os.getpid(),
             max_model_len=core.max_model_len,

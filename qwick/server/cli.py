@@ -143,12 +143,20 @@ def bound_port(server: Any) -> int | None:
     return None
 
 
-async def serve(args: argparse.Namespace, on_ready: Callable[[Any, Any, str], None] | None = None) -> None:
+async def serve(
+    args: argparse.Namespace,
+    on_ready: Callable[[Any, Any, str], None] | None = None,
+    *,
+    freeze_gc: bool = True,
+) -> None:
     """Start the engine and the HTTP server; return after a graceful shutdown (SIGINT/SIGTERM, or
-    `server.should_exit = True` from `on_ready(engine, server, url)`'s caller)."""
+    `server.should_exit = True` from `on_ready(engine, server, url)`'s caller). `freeze_gc`: keep this
+    process's startup objects out of the garbage collector (`qwick.engine.startup_gc`); off where the
+    server shares a process whose objects should stay collectable (the tests' server thread)."""
     import uvicorn
 
     from qwick.engine.async_llm import AsyncLLM
+    from qwick.engine.startup_gc import freeze_startup_objects
     from qwick.entrypoints.cli import engine_config_from_args
     from qwick.server.app import build_app
 
@@ -176,6 +184,8 @@ async def serve(args: argparse.Namespace, on_ready: Callable[[Any, Any, str], No
             lifespan="off",
         )
         server = _make_server(uv_config)
+        if freeze_gc:
+            freeze_startup_objects("API server")
 
         async def announce() -> None:
             while not server.started:

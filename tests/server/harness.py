@@ -49,7 +49,9 @@ class ServerThread:
 
     def _main(self) -> None:
         try:
-            asyncio.run(serve(self.args, on_ready=self._on_ready))
+            # The test process's objects stay collectable: no gc.freeze() here (the engine core's own
+            # process still freezes its startup objects).
+            asyncio.run(serve(self.args, on_ready=self._on_ready, freeze_gc=False))
         except BaseException as exc:  # surfaced by start()
             self._error = exc
         finally:
