@@ -101,3 +101,18 @@ def hf_logits(model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
     """Logits at every position of `token_ids` in one full forward: the oracle for every step."""
     with torch.no_grad():
         return model(torch.tensor([token_ids])).logits[0].float()
+
+
+# (N, K) of every linear layer of qwen2.5-7b and -14b (qkv, o, gate_up, down each), for the GPU layer and
+# kernel tests, and the M (rows) they run at: decode batches through prefill chunks.
+QWEN_7B_14B_LINEAR_SHAPES = [
+    (4608, 3584),
+    (3584, 3584),
+    (37888, 3584),
+    (3584, 18944),
+    (7168, 5120),
+    (5120, 5120),
+    (27648, 5120),
+    (5120, 13824),
+]
+ROWS_1_TO_4096 = [1, 2, 7, 16, 17, 64, 256, 1024, 4096]

@@ -23,21 +23,12 @@ from qwick.quantization.w8a8 import (
     quantize_weight_blockwise,
 )
 from tests.triton_utils import INTERPRET, gemv_workspace
+from tests.utils import QWEN_7B_14B_LINEAR_SHAPES, ROWS_1_TO_4096
 
 pytestmark = pytest.mark.gpu
 
-# (N, K): qwen2.5-7b qkv, o, gate_up, down; qwen2.5-14b qkv, o, gate_up, down
-SHAPES = [
-    (4608, 3584),
-    (3584, 3584),
-    (37888, 3584),
-    (3584, 18944),
-    (7168, 5120),
-    (5120, 5120),
-    (27648, 5120),
-    (5120, 13824),
-]
-MS = [1, 2, 7, 16, 17, 64, 256, 1024, 4096]
+SHAPES = QWEN_7B_14B_LINEAR_SHAPES  # qwen2.5-7b then -14b: qkv, o, gate_up, down
+MS = ROWS_1_TO_4096
 MODES = {
     "fp8": dict(qdtype=FP8_DTYPE, checkpoint=False),
     "int8": dict(qdtype=torch.int8, checkpoint=False),

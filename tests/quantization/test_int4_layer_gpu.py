@@ -11,21 +11,12 @@ import torch
 
 from qwick.layers.linear import Linear
 from qwick.quantization.int4 import Int4Config
+from tests.utils import QWEN_7B_14B_LINEAR_SHAPES, ROWS_1_TO_4096
 
 pytestmark = pytest.mark.gpu
 
-# (N, K): qwen2.5-7b qkv, o, gate_up, down; qwen2.5-14b qkv, o, gate_up, down
-SHAPES = [
-    (4608, 3584),
-    (3584, 3584),
-    (37888, 3584),
-    (3584, 18944),
-    (7168, 5120),
-    (5120, 5120),
-    (27648, 5120),
-    (5120, 13824),
-]
-MS = [1, 2, 7, 16, 17, 64, 256, 1024, 4096]
+SHAPES = QWEN_7B_14B_LINEAR_SHAPES  # qwen2.5-7b then -14b: qkv, o, gate_up, down
+MS = ROWS_1_TO_4096
 LM_HEAD = (152064, 3584)  # qwen2.5-7b's vocabulary projection
 
 
