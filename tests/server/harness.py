@@ -31,9 +31,12 @@ class ServerThread:
     """`qwick serve ARGV...` on 127.0.0.1 and a free port, its event loop in a thread of this process, so
     that tests can reach the engine (stats, its process) directly."""
 
-    def __init__(self, argv: list[str], startup_timeout: float = 120.0) -> None:
+    def __init__(self, argv: list[str], startup_timeout: float = 120.0, freeze_gc: bool = False) -> None:
         self.args = build_parser().parse_args(["serve", *argv, "--host", "127.0.0.1", "--port", "0"])
         self.startup_timeout = startup_timeout
+        # Off by default: the test process's objects stay collectable (no gc.freeze() in it; the engine
+        # core's own process still freezes its startup objects).
+        self.freeze_gc = freeze_gc
         self.engine: Any = None
         self.server: Any = None
         self.url = ""
@@ -49,9 +52,7 @@ class ServerThread:
 
     def _main(self) -> None:
         try:
-            # The test process's objects stay collectable: no gc.freeze() here (the engine core's own
-            # process still freezes its startup objects).
-            asyncio.run(serve(self.args, on_ready=self._on_ready, freeze_gc=False))
+            asyncio.run(serve(self.args, on_ready=self._on_ready, freeze_gc=self.freeze_gc))
         except BaseException as exc:  # surfaced by start()
             self._error = exc
         finally:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from qwick.entrypoints.cli import build_parser, main
-from tests.server.harness import TINY_ENGINE_ARGS, tiny_model_dir
+from tests.server.harness import TINY_ENGINE_ARGS, ServerThread, tiny_model_dir
 
 ENGINE = [*TINY_ENGINE_ARGS, "--num-gpu-blocks-override", "64"]
 
@@ -106,3 +106,16 @@ def test_import_qwick_stays_free_of_server_dependencies():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_serve_freezes_its_startup_objects(model_dir, monkeypatch):
+    """Once started, the API process keeps its startup objects out of the garbage collector
+    (`qwick.engine.startup_gc`), then serves. The freeze is recorded here instead of done, so that this
+    test process's objects stay collectable."""
+    import qwick.engine.startup_gc as startup_gc
+
+    calls = []
+    monkeypatch.setattr(startup_gc, "freeze_startup_objects", calls.append)
+    with ServerThread([model_dir, *ENGINE], freeze_gc=True) as s:
+        assert calls == ["API server"]
+        assert httpx.get(f"{s.url}/health", timeout=30).status_code == 200
