@@ -44,6 +44,9 @@
 #                                            # batch 1 (bf16, int4) with them and without
 #   bash benchmarks/gpu_session.sh headdefault  # the 8-bit modes with their head quantized (the default):
 #                                            # batch 1 bf16 / fp8 / int8, workload 3 bf16 / fp8
+#   bash benchmarks/gpu_session.sh int4head  # int4's LM head in int8 (the default) against bf16 and int4
+#                                            # heads: its GPU tests, batch 1 with each
+#   bash benchmarks/gpu_session.sh w3kv      # workload 3: bf16, fp8, fp8 with an fp8 KV cache
 #   bash benchmarks/gpu_session.sh lmhead    # the LM head quantized too (`--quantize-lm-head`): its
 #                                            # GPU tests, batch 1 per mode with it and without, fp8 workload 3
 #   bash benchmarks/gpu_session.sh outrows   # the last layer run only for the sampling tokens
@@ -365,7 +368,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in fp8 int8; do
       run "b1_$q" $CLI $B1 --quantization $q --output-json "$OUT/b1_$q.json"
     done
-    grep -h "LM head quantized too" "$OUT"/b1_*.log | head -2
+    grep -h "LM head in" "$OUT"/b1_*.log | head -2
     run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
     run tput_fp8 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
     ;;
@@ -379,11 +382,27 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       run "ttft_2048_$i" python -c "$S3" $TT --output-json "$OUT/ttft_2048_$i.json"
     done
     ;;
+  int4head)  # int4's LM head in int8 by default: its GPU tests, then batch 1 with the int8 head (the
+    # default), a bf16 head and a 4-bit head, alternating, one process per run
+    python -m pytest -q -m gpu -p no:cacheprovider tests/quantization/test_lm_head.py \
+      tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
+    run b1_int4_head8 $CLI $B1 --output-json "$OUT/b1_int4_head8.json"
+    run b1_int4_head16 $CLI $B1 --no-quantize-lm-head --output-json "$OUT/b1_int4_head16.json"
+    run b1_int4_head4 $CLI $B1 --quantize-lm-head --output-json "$OUT/b1_int4_head4.json"
+    run b1_int4_head8_2 $CLI $B1 --output-json "$OUT/b1_int4_head8_2.json"
+    grep -ho "LM head in [a-z0-9]*" "$OUT"/b1_int4_head*.log | sort | uniq -c
+    ;;
+  w3kv)  # workload 3: bf16, fp8 weights, fp8 weights with an fp8 KV cache, in one call
+    run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
+    run tput_fp8 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
+    run tput_fp8_kv8 $TPUT --quantization fp8 --kv-cache-dtype fp8 --output-json "$OUT/tput_fp8_kv8.json"
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv" >&2
     exit 2
     ;;
 esac

@@ -59,9 +59,10 @@ class EngineConfig:
     seed: int = 0
     quantization: str | None = None  # "fp8", "int8", ... (qwick.quantization); a checkpoint's is detected
     # The LM head quantized too, by the modes that quantize while loading (fp8, int8, int4) or keep a GGUF
-    # file's blocks (gguf). None: yes for fp8 and int8 (+0.1% perplexity, 2-3% faster batch-1 decode on an
-    # H200), no for int4 and gguf, whose 4-bit head costs more quality; a quantized checkpoint keeps its
-    # head as it ships. See BENCHMARKS.md ("The LM head quantized too").
+    # file's blocks (gguf). None: an 8-bit head for fp8, int8 and int4 (int4's in int8: +0.1% perplexity
+    # where a 4-bit head costs +1.8%; 2-7% faster batch-1 decode on an H200), none for gguf; True: the
+    # body's format (int4 too); False: the model dtype. A quantized checkpoint keeps its head as it ships.
+    # See BENCHMARKS.md ("The LM head quantized too").
     quantize_lm_head: bool | None = None
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8" (= "fp8_e4m3"): see KV_CACHE_DTYPES
     tensor_parallel_size: int = 1

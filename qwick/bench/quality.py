@@ -112,7 +112,7 @@ def evaluate(
     sizes = weight_bytes(runner.model)
     result = {
         "quantization": llm.llm_engine.config.quantization,
-        "quantize_lm_head": bool(runner.model.quant_config and runner.model.quant_config.quantize_lm_head),
+        "lm_head": runner.model.quant_config.lm_head_format() if runner.model.quant_config else None,
         "dtype": str(runner.dtype).removeprefix("torch."),
         "perplexity": math.exp(nll.mean().item()),
         "scored_tokens": nll.numel(),
@@ -186,7 +186,7 @@ def table(report: dict) -> str:
             if "greedy_identical" in r
             else "(reference) | | "
         )
-        name = (r["quantization"] or "none") + (" + LM head" if r.get("quantize_lm_head") else "")
+        name = (r["quantization"] or "none") + (f" + {r['lm_head']} LM head" if r.get("lm_head") else "")
         rows.append(
             f"| {name} | {r['dtype']} | {r['weight_bytes'] / 2**20:.0f} | "
             f"{r['linear_weight_bytes'] / 2**20:.0f} | {r['perplexity']:.3f} | {agree} |"

@@ -94,11 +94,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--quantize-lm-head",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="quantize the LM head (the vocabulary projection) too: on by default with --quantization fp8 "
-        "and int8 (+0.1%% perplexity on the demo model, 2-3%% faster batch-1 decode on an H200), off with "
-        "int4 (+1.8%% perplexity) and gguf (where it keeps the file's head blocks, or a tied model's "
-        "token-embedding blocks, packed). It is the largest single matrix a decode step reads (1.1 GB at "
-        "7B in bf16); quantized checkpoints keep it as they ship (see BENCHMARKS.md)",
+        help="quantize the LM head (the vocabulary projection) in the body's format too. Unset, fp8 and "
+        "int8 quantize it (+0.1%% perplexity on the demo model, 2-3%% faster batch-1 decode on an H200) "
+        "and int4 makes it int8 (a 4-bit head costs +1.8%% perplexity: --quantize-lm-head asks for one); "
+        "gguf keeps it unquantized unless asked (then it keeps the file's head blocks, or a tied model's "
+        "token-embedding blocks, packed). --no-quantize-lm-head keeps it in the model dtype. It is the "
+        "largest single matrix a decode step reads (1.1 GB at 7B in bf16); quantized checkpoints keep it "
+        "as they ship (see BENCHMARKS.md)",
     )
     g.add_argument(
         "--kv-cache-dtype",

@@ -161,7 +161,8 @@ def build_model(
     if quant_config is not None:
         from qwick.quantization.base import log_quantized, warn_slow_on_cpu
 
-        head = "; LM head quantized too" if quant_config.quantize_lm_head else ""
+        head_format = quant_config.lm_head_format()
+        head = "" if head_format is None else f"; LM head in {head_format}"
         log_quantized(model, quant_config.describe() + head)
         if device.type == "cpu":
             warn_slow_on_cpu(model)

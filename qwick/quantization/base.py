@@ -49,9 +49,15 @@ class QuantizationConfig(ABC):
     # Whether `quantize_lm_head` is honoured: the on-the-fly configs that quantize a plain LM head, and GGUF
     # (which keeps the file's head blocks), set it; an instance may turn it off (an fp8 checkpoint's).
     can_quantize_lm_head: bool = False
-    # Whether it does so when `quantize_lm_head` is left unset (None): the 8-bit on-the-fly modes.
+    # Whether it does so when `quantize_lm_head` is left unset (None): the on-the-fly modes, each in an
+    # 8-bit format (int4's default head is int8: `Int4Config.linear_method`).
     quantizes_lm_head_by_default: bool = False
     quantize_lm_head: bool = False  # set by `resolve_quantization`; `linear_method` reads it
+    lm_head_by_default: bool = False  # set by `resolve_quantization`: quantize_lm_head was left unset
+
+    def lm_head_format(self) -> str | None:
+        """The LM head's format as `linear_method` builds it (None: the model dtype), for logs and reports."""
+        return self.name if self.quantize_lm_head else None
 
     @classmethod
     def from_config(cls, hf_quant_config: dict) -> QuantizationConfig:
@@ -147,6 +153,7 @@ def resolve_quantization(
     if quantize_lm_head is None:
         if config is not None and config.can_quantize_lm_head:
             config.quantize_lm_head = config.quantizes_lm_head_by_default
+            config.lm_head_by_default = True
     elif quantize_lm_head:
         if config is None or not config.can_quantize_lm_head:
             what = "no quantization" if config is None else config.describe()

@@ -25,7 +25,7 @@ def _quality(model_dir: str, tmp_path, capsys, *flags: str) -> tuple[str, dict]:
 
 def test_quality_report(tiny_qwen2_dir, tmp_path, capsys):
     printed, result = _quality(tiny_qwen2_dir, tmp_path, capsys, "--modes", "none", "fp8", "int8")
-    assert "| fp8 + LM head | float32 |" in printed  # the 8-bit modes quantize the head by default
+    assert "| fp8 + fp8 LM head | float32 |" in printed  # the 8-bit modes quantize the head by default
     corpus = stdlib_corpus()
     assert result["corpus"]["files"] == list(STDLIB_FILES) and result["corpus"]["sha256"] == corpus.sha256
     none, fp8, int8 = result["modes"]
@@ -41,17 +41,22 @@ def test_quality_report(tiny_qwen2_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("flag", "heads"),
-    [(None, (True, False)), ("--quantize-lm-head", (True, True)), ("--no-quantize-lm-head", (False, False))],
+    [
+        (None, ("int8", "int8")),
+        ("--quantize-lm-head", ("int8", "int4")),
+        ("--no-quantize-lm-head", (None, None)),
+    ],
 )
 def test_quality_with_the_lm_head_quantized(tiny_qwen2_dir, tmp_path, capsys, flag, heads):
-    """The LM head is quantized by default in the 8-bit modes, not in int4; `--quantize-lm-head` and
-    `--no-quantize-lm-head` decide for every quantized mode; the reference keeps its head."""
+    """Unset, int8 quantizes the LM head and int4 makes it int8; `--quantize-lm-head` puts each in its
+    body's format and `--no-quantize-lm-head` keeps them in the model dtype; the reference keeps its head."""
     flags = ("--modes", "none", "int8", "int4") + ((flag,) if flag else ())
     printed, result = _quality(tiny_qwen2_dir, tmp_path, capsys, *flags)
     none, int8, int4 = result["modes"]
-    assert not none["quantize_lm_head"] and (int8["quantize_lm_head"], int4["quantize_lm_head"]) == heads
-    assert ("| int8 + LM head | float32 |" in printed) == heads[0]
-    assert ("| int4 + LM head | float32 |" in printed) == heads[1]
+    assert none["lm_head"] is None and (int8["lm_head"], int4["lm_head"]) == heads
+    for mode, head in zip(("int8", "int4"), heads):
+        assert (f"| {mode} + {head} LM head | float32 |" in printed) == (head is not None)
+        assert (f"| {mode} | float32 |" in printed) == (head is None)
     assert int8["teacher_forced_top1"] > 0.5
 
 

@@ -11,6 +11,7 @@ import torch
 from qwick.config import EngineConfig
 from qwick.entrypoints.cli import build_parser, engine_config_from_args, main
 from qwick.quantization.base import detect, resolve_quantization
+from qwick.quantization.int4 import RtnInt4LinearMethod
 from qwick.quantization.w8a8 import FP8_DTYPE
 from tests.quantization.checkpoints import (
     CT_FP8_BLOCK,
@@ -58,8 +59,15 @@ def test_unquantized_checkpoint():
         assert config.linear_method("lm_head", ["lm_head"]).qdtype == qdtype  # an 8-bit head by default
         config = resolve_quantization(name, _hf(), quantize_lm_head=False)
         assert config.linear_method("lm_head", ["lm_head"]) is None  # the LM head stays in the model dtype
-    assert resolve_quantization("int4", _hf()).linear_method("lm_head", ["lm_head"]) is None  # 4-bit: asked
-    assert resolve_quantization("int4", _hf(), quantize_lm_head=True).linear_method("lm_head", ["lm_head"])
+    int4 = resolve_quantization("int4", _hf())  # the head in int8 by default, in int4 when asked, or plain
+    assert int4.lm_head_format() == "int8"
+    assert int4.linear_method("lm_head", ["lm_head"]).qdtype == torch.int8
+    assert isinstance(int4.linear_method(*DOWN), RtnInt4LinearMethod)
+    int4 = resolve_quantization("int4", _hf(), quantize_lm_head=True)
+    assert int4.lm_head_format() == "int4"
+    assert isinstance(int4.linear_method("lm_head", ["lm_head"]), RtnInt4LinearMethod)
+    int4 = resolve_quantization("int4", _hf(), quantize_lm_head=False)
+    assert int4.lm_head_format() is None and int4.linear_method("lm_head", ["lm_head"]) is None
 
 
 def test_compressed_tensors_targets_and_ignore():

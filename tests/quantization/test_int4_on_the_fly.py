@@ -35,6 +35,8 @@ MODULES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.do
 
 
 def _llm(path: str, dtype: str = "float32", **kwargs) -> LLM:
+    """The body's tests keep the LM head in the model dtype (see test_lm_head.py)."""
+    kwargs.setdefault("quantize_lm_head", False)
     return LLM(path, dtype=dtype, num_gpu_blocks_override=128, block_size=4, max_model_len=256, **kwargs)
 
 
@@ -63,7 +65,7 @@ def int4_model(request, tmp_path_factory):
 
 def test_layers_hold_packed_int4(int4_model):
     path, _, _ = int4_model
-    model = _llm(path, quantization="int4").llm_engine.core.runner.model
+    model = _llm(path, quantization="int4", quantize_lm_head=None).llm_engine.core.runner.model
     assert model.quant_config.name == "int4" and not model.quant_config.sym
     for module in MODULES:
         layer = model.get_submodule(f"model.layers.0.{module}")
@@ -75,11 +77,9 @@ def test_layers_hold_packed_int4(int4_model):
             layer.zeros.dtype == torch.uint8 and layer.zeros.shape == (n, k // 128)
         )
         assert layer.method.bits == 4 and layer.method.internal_group_size == 128
-    # the LM head and the embeddings stay in the model dtype
+    # the embeddings stay in the model dtype; the LM head is int8 by default
     assert model.model.embed_tokens.weight.dtype == torch.float32
-    head = model.lm_head if model.lm_head is not None else model.model.embed_tokens
-    assert head.weight.dtype == torch.float32
-    assert model.lm_head is None or not model.lm_head.method.quantized
+    assert model.lm_head.weight.dtype == torch.int8 and model.lm_head.method.quantized
 
 
 def test_logits_match_transformers_on_rtn_weights(int4_model):
