@@ -1,9 +1,10 @@
 """The demo model's batch-1 decode on the CPU per weight mode: bf16, int4 (torch's CPU int4 GEMM at decode
 sizes), int4 on the reference path (dequantize every call: what int4 ran before), gguf kept quantized.
 Median engine step over two greedy 32-token generations, then the first 24 tokens of a greedy answer.
-A "+head" suffix (int8+head, int4+head) quantizes the LM head too (`quantize_lm_head`).
+The LM head as the mode makes it by default (int8 for int8 and int4); a "+head" suffix puts it in the
+body's format (`quantize_lm_head=True`: int4+head), "+nohead" keeps it in the model dtype.
 
-    python benchmarks/cpu_quantized_decode.py bf16|int4|int4-reference|gguf|int8|int8+head|int4+head
+    python benchmarks/cpu_quantized_decode.py bf16|int4|int4+head|int4+nohead|int4-reference|gguf|int8|...
 """
 
 import statistics
@@ -19,7 +20,12 @@ base, _, head = mode.partition("+")
 if base == "int4-reference":
     C.supports = lambda *a: False
 q = {"bf16": None, "gguf": "gguf", "int8": "int8", "fp8": "fp8"}.get(base, "int4")
-llm = LLM(demo_model_path(), max_model_len=1024, quantization=q, quantize_lm_head=head == "head")
+llm = LLM(
+    demo_model_path(),
+    max_model_len=1024,
+    quantization=q,
+    quantize_lm_head={"head": True, "nohead": False}.get(head),
+)
 eng = llm.llm_engine
 prompt = llm.get_tokenizer().encode(
     "Write a Python function that parses a CSV file and returns a list of dicts."
