@@ -250,7 +250,7 @@ def log_quantized(model, config_name: str) -> None:
     logger.info(
         "Quantization %s: %s; weights %.1f MiB (decoder linear layers %.1f MiB)",
         config_name,
-        "; ".join(f"{n} layers {k}" for k, n in kinds.items()),
+        "; ".join(f"{n} {'layer' if n == 1 else 'layers'} {k}" for k, n in kinds.items()),
         sizes["total"] / 2**20,
         sizes["linear"] / 2**20,
     )

@@ -21,6 +21,10 @@ Design:
   for any context length. Scratch buffers (split partials) live in the captured metadata's plan.
 - All graphs share one memory pool, captured from the largest bucket down, so smaller graphs reuse the
   largest one's activation memory. Replays are sequential on one stream, which makes the sharing safe.
+- Python's cyclic garbage collector is paused for the whole capture (after one collection): a cycle it
+  frees can run CUDA calls that a capturing stream forbids (the pinned host memory of an earlier engine
+  in the same process queries its events when freed), which invalidates the capture and leaves decode
+  eager. torch 2.11's `torch.cuda.graph` no longer collects on entry by default.
 - With `short_context` > 0, a second set of graphs pins one split per row for steps whose contexts all
   fit in `short_context` tokens: a split count chosen at `max_model_len` leaves most splits of a short
   row empty and adds the reduction launch (H200, one layer at batch 1 and 128 tokens: 8.4 us with 32
@@ -29,9 +33,11 @@ Design:
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +64,20 @@ def decode_buckets(max_batch: int) -> list[int]:
     if buckets[-1] != top:
         buckets.append(top)
     return buckets
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Collect once, then keep the cyclic garbage collector off until the block ends (see the module
+    docstring: nothing it frees may run while a stream captures)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass
@@ -255,6 +275,21 @@ class DecodeGraphRunner:
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # capture empties the cache itself: measure from an empty one
         before = torch.cuda.memory_reserved(self.device)
+        with gc_paused():
+            self._capture_all()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # drops the warm-ups' cached blocks; the graphs' pool stays
+        self.graph_bytes = torch.cuda.memory_reserved(self.device) - before
+        logger.info(
+            "captured %d decode CUDA graphs (batch %d..%d) in %.1f s, %.1f MiB",
+            len(self.graphs) + len(self.short_graphs),
+            self.buckets[0],
+            self.max_bs,
+            time.perf_counter() - t0,
+            self.graph_bytes / 2**20,
+        )
+
+    def _capture_all(self) -> None:
         for splits in self._split_sets():
             graphs = self.graphs if splits is None else self.short_graphs
             for bs in reversed(self.buckets):
@@ -274,17 +309,6 @@ class DecodeGraphRunner:
                 if self.pool is None:
                     self.pool = graph.pool()
                 graphs[bs] = _Graph(bs, graph, hidden, md)
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()  # drops the warm-ups' cached blocks; the graphs' pool stays
-        self.graph_bytes = torch.cuda.memory_reserved(self.device) - before
-        logger.info(
-            "captured %d decode CUDA graphs (batch %d..%d) in %.1f s, %.1f MiB",
-            len(self.graphs) + len(self.short_graphs),
-            self.buckets[0],
-            self.max_bs,
-            time.perf_counter() - t0,
-            self.graph_bytes / 2**20,
-        )
 
     # ---- replay --------------------------------------------------------------------------------------
     def can_run(self, num_rows: int, max_table_len: int) -> bool:

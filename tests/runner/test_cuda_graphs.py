@@ -1,14 +1,15 @@
-"""CUDA-graph decode steps: same greedy tokens as eager, with padded buckets, and graphs really replayed."""
+"""CUDA-graph decode steps: same greedy tokens as eager, with padded buckets, and graphs really replayed;
+capture survives garbage whose finalizers make CUDA calls a capturing stream forbids."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
 
 from qwick import LLM, SamplingParams
-from qwick.runner.cuda_graphs import decode_buckets
-
-pytestmark = pytest.mark.gpu
+from qwick.runner.cuda_graphs import DecodeGraphRunner, decode_buckets, gc_paused
 
 
 def test_decode_buckets():
@@ -50,6 +51,7 @@ def _run(path, dtype, enforce_eager, batches):
     return results, replays, has_graphs, short
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("longest_first", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graphs_match_eager(tiny_qwen2_dir, dtype, longest_first, monkeypatch):
@@ -73,6 +75,7 @@ def _assert_same_tokens(batches, eager, graph) -> None:
             assert a == b, f"batch {n} request {i}: graph output diverges from eager at token {div}"
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_short_context_graphs_match_eager(tiny_qwen2_dir, dtype, monkeypatch):
     """`SHORT_CONTEXT_GRAPHS`: steps whose contexts all fit replay the one-split graphs, the others the
@@ -85,3 +88,57 @@ def test_short_context_graphs_match_eager(tiny_qwen2_dir, dtype, monkeypatch):
     graph, replays, has_graphs, short = _run(tiny_qwen2_dir, dtype, False, batches)
     assert has_graphs and 0 < short < replays
     _assert_same_tokens(batches, eager, graph)
+
+
+class _Cycle:
+    """Garbage only the cyclic collector frees; its finalizer calls `on_free`."""
+
+    def __init__(self, on_free) -> None:
+        self.me, self.on_free = self, on_free
+
+    def __del__(self) -> None:
+        self.on_free()
+
+
+def test_gc_paused_collects_first_and_restores_the_collector():
+    freed = []
+    _Cycle(lambda: freed.append("before"))
+    with gc_paused():
+        assert freed == ["before"] and not gc.isenabled()
+        _Cycle(lambda: freed.append("inside"))
+        junk = [[] for _ in range(10 * gc.get_threshold()[0])]  # would trigger automatic collections
+        assert freed == ["before"] and junk  # the collector stayed off
+    assert gc.isenabled()
+    gc.collect()
+    assert freed == ["before", "inside"]
+    gc.disable()
+    try:
+        with pytest.raises(RuntimeError), gc_paused():
+            raise RuntimeError
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
+
+
+@pytest.mark.gpu
+def test_capture_survives_garbage_that_syncs_when_freed(tiny_qwen2_dir, monkeypatch):
+    """Every forward the graph runner runs (warm-ups and captures) leaves a cycle whose finalizer
+    synchronizes the device, which a capturing stream forbids, and the collector runs every few
+    allocations: with the collector paused during capture, the graphs are still captured and replayed."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    forward = DecodeGraphRunner._forward
+
+    def forward_leaving_garbage(self, bs, md):
+        _Cycle(torch.cuda.synchronize)
+        return forward(self, bs, md)
+
+    monkeypatch.setattr(DecodeGraphRunner, "_forward", forward_leaving_garbage)
+    threshold = gc.get_threshold()
+    gc.set_threshold(5, 1, 1)
+    try:
+        results, replays, has_graphs, _ = _run(tiny_qwen2_dir, "bfloat16", False, (2,))
+    finally:
+        gc.set_threshold(*threshold)
+    assert has_graphs and replays > 0
+    assert all(len(tokens) == 8 + 7 * i for i, tokens in enumerate(results[0]))
