@@ -46,6 +46,8 @@
 #                                            # batch 1 bf16 / fp8 / int8, workload 3 bf16 / fp8
 #   bash benchmarks/gpu_session.sh int4head  # int4's LM head in int8 (the default) against bf16 and int4
 #                                            # heads: its GPU tests, batch 1 with each
+#   bash benchmarks/gpu_session.sh shortdecode  # one-row decode attention at short contexts: a launch-
+#                                            # shape sweep, int4 batch 1 with the fastest shape and without
 #   bash benchmarks/gpu_session.sh w3kv      # workload 3: bf16, fp8, fp8 with an fp8 KV cache
 #   bash benchmarks/gpu_session.sh lmhead    # the LM head quantized too (`--quantize-lm-head`): its
 #                                            # GPU tests, batch 1 per mode with it and without, fp8 workload 3
@@ -398,11 +400,20 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run tput_fp8 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
     run tput_fp8_kv8 $TPUT --quantization fp8 --kv-cache-dtype fp8 --output-json "$OUT/tput_fp8_kv8.json"
     ;;
+  shortdecode)  # one-row decode attention at short contexts: launch shapes and splits (the one-split
+    # graphs' case), then int4 batch 1 with the fastest shape against the default, one process per run
+    python benchmarks/short_decode_sweep.py "$OUT/short_best.json"
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
+    run b1_int4_default $CLI $B1 --output-json "$OUT/b1_int4_default.json"
+    run b1_int4_best python benchmarks/b1_with_decode_cfg.py "$OUT/short_best.json" $B1 \
+      --output-json "$OUT/b1_int4_best.json"
+    run b1_int4_default2 $CLI $B1 --output-json "$OUT/b1_int4_default2.json"
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode" >&2
     exit 2
     ;;
 esac
