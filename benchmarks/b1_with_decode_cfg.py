@@ -5,8 +5,10 @@
 """
 
 import json
+import os
 import sys
 
+sys.path.insert(0, os.getcwd())  # run from the repository root
 from qwick.entrypoints.cli import main
 from qwick.layers.attention.triton_backend import TritonAttentionBackend
 

@@ -7,8 +7,10 @@ the JSON path given (default short_decode_best.json), for `benchmarks/b1_with_de
 """
 
 import json
+import os
 import sys
 
+sys.path.insert(0, os.getcwd())  # run from the repository root
 import torch
 
 from qwick.bench.attention_bench import bench_case
