@@ -42,8 +42,7 @@ for splits in (2, 4):
     print(f"{f'default, {splits} splits':>24} " + " ".join(f"{x:10.2f}" for x in cells), flush=True)
 total, best = min(results, key=lambda r: r[0])
 default = next(t for t, c in results if (c["BLOCK_N"], c["num_warps"], c["num_stages"]) == (128, 8, 3))
-print(
-    f"best one-split shape {best}: {total / len(CONTEXTS):.2f} us on average, the default {default / len(CONTEXTS):.2f}"
-)
+n = len(CONTEXTS)
+print(f"best one-split shape {best}: {total / n:.2f} us on average, the default {default / n:.2f}")
 with open(sys.argv[1] if len(sys.argv) > 1 else "short_decode_best.json", "w") as f:
     json.dump(best, f)
