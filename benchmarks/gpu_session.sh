@@ -48,6 +48,8 @@
 #                                            # heads: its GPU tests, batch 1 with each
 #   bash benchmarks/gpu_session.sh shortdecode  # one-row decode attention at short contexts: a launch-
 #                                            # shape sweep, int4 batch 1 with the fastest shape and without
+#   bash benchmarks/gpu_session.sh int4mid   # int4 at 17+ rows: the tiled W4A16 kernel's tests, layer
+#                                            # sweep, 64 concurrent requests with it and without
 #   bash benchmarks/gpu_session.sh w3kv      # workload 3: bf16, fp8, fp8 with an fp8 KV cache
 #   bash benchmarks/gpu_session.sh lmhead    # the LM head quantized too (`--quantize-lm-head`): its
 #                                            # GPU tests, batch 1 per mode with it and without, fp8 workload 3
@@ -409,11 +411,25 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       --output-json "$OUT/b1_int4_best.json"
     run b1_int4_default2 $CLI $B1 --output-json "$OUT/b1_int4_default2.json"
     ;;
+  int4mid)  # int4 at 17+ rows through the tiled W4A16 kernel (`PackedLinearMethod.tiled_max_m`, off):
+    # its GPU tests, the layer timings and launch-shape sweep against dequantize-then-cuBLAS, then 64
+    # concurrent requests with it and without (and bf16), one process per run
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py \
+      tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
+    python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_mid_m.log" | grep -v -i warn
+    T64="bench throughput --shape qwen2.5-7b --max-model-len 4096 --num-prompts 64 --input-len 128 \
+      --output-len 256 --num-iters 1"
+    TILED="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.tiled_max_m = 256; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    run t64_int4 $CLI $T64 --quantization int4 --output-json "$OUT/t64_int4.json"
+    run t64_int4_tiled python -c "$TILED" $T64 --quantization int4 --output-json "$OUT/t64_int4_tiled.json"
+    run t64_bf16 $CLI $T64 --output-json "$OUT/t64_bf16.json"
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid" >&2
     exit 2
     ;;
 esac

@@ -1,9 +1,14 @@
-"""int4 weights at 32 <= M <= 1024 rows (decode batches of 17+, short prefills): the W4A16 Triton kernel
-(`quant_matmul`, dequantizing in registers) against what M > 16 takes today, one Triton kernel writing the
-layer in bf16 then cuBLAS. qwen2.5-7b shapes, RTN int4 group 128 with zero points, us per call (CUDA
-events over 20 calls after a warm-up), and the two outputs' relative difference.
+"""int4 weights at 32 <= M <= 1024 rows (decode batches of 17+, short prefills), qwen2.5-7b shapes, RTN
+int4 group 128 with zero points, us per call (CUDA events over 20 calls after a warm-up):
 
-    python benchmarks/w4a16_mid_m.py
+- what M > 16 takes by default: one Triton kernel writing the layer in bf16, then cuBLAS;
+- the tiled W4A16 kernel (`w4_tiled_matmul`, codes decoded once per tile; `PackedLinearMethod.tiled_max_m`)
+  at its default launch shape and at the sweep's shapes (BLOCK_M x BLOCK_N x words, splits, warps, stages),
+  with the best per row;
+- with OLD=1, also the decode kernel `quant_matmul` at its M > 16 shapes (2-20x slower in the fifteenth
+  session).
+
+    [OLD=1] python benchmarks/w4a16_mid_m.py
 """
 
 import os
@@ -14,16 +19,22 @@ import torch
 import torch.nn.functional as F
 
 from qwick.kernels.gemv import GemvWorkspace
-from qwick.kernels.w4a16 import QuantGemvConfig, dequantize_int4, quant_matmul
+from qwick.kernels.w4a16 import QuantGemvConfig, TiledW4Config, dequantize_int4, quant_matmul, w4_tiled_matmul
 from qwick.quantization.formats import rtn
 
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 MS = [32, 64, 128, 256, 512, 1024]
-CONFIGS = {  # name -> launch shape for M > 16 (default_config's is the first)
-    "bm64": QuantGemvConfig(128, 128, 1, num_warps=8, num_stages=3, block_m=64),
-    "bm32": QuantGemvConfig(128, 128, 1, num_warps=4, num_stages=3, block_m=32),
-    "bm128": QuantGemvConfig(128, 64, 1, num_warps=8, num_stages=3, block_m=128),
+OLD = {  # the decode kernel's launch shapes for M > 16
+    "old bm64": QuantGemvConfig(128, 128, 1, num_warps=8, num_stages=3, block_m=64),
+    "old bm32": QuantGemvConfig(128, 128, 1, num_warps=4, num_stages=3, block_m=32),
 }
+SWEEP = [
+    TiledW4Config(bm, bn, 16, split, warps, stages)
+    for bm in (32, 64, 128)
+    for bn in (64, 128, 256)
+    for split in (1, 2, 4)
+    for warps, stages in ((4, 3), (8, 3))
+]
 
 
 def _us(fn, iters: int = 20) -> float:
@@ -38,22 +49,37 @@ def _us(fn, iters: int = 20) -> float:
     return 1000 * start.elapsed_time(end) / iters
 
 
-ws = GemvWorkspace(torch.device("cuda"))
+ws = GemvWorkspace(torch.device("cuda"), max_elems=1 << 24)
 torch.manual_seed(0)
-print(f"{'layer':>8} {'M':>5} {'dequant+cuBLAS':>15} " + " ".join(f"{n:>9}" for n in CONFIGS) + "  rel.diff")
+old = OLD if os.environ.get("OLD") == "1" else {}
+print(
+    f"{'layer':>8} {'M':>5} {'dequant+cuBLAS':>15} {'tiled':>8} " + " ".join(f"{n:>9}" for n in old), end=""
+)
+print(f" {'best tiled':>10}  best launch shape, rel. diff", flush=True)
 for name, (n, k) in SHAPES.items():
     weight = rtn.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, 128, 4)
     for m in MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = F.linear(x, dequantize_int4(weight, x.dtype))
         dq = _us(lambda x=x, w=weight: F.linear(x, dequantize_int4(w, x.dtype)))
-        cells, diff = [], 0.0
-        for cfg in CONFIGS.values():
+        y = w4_tiled_matmul(x, weight, None, ws)
+        diff = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+        tiled = _us(lambda x=x, w=weight: w4_tiled_matmul(x, w, None, ws))
+        cells = []
+        for cfg in old.values():
+            cells.append(f"{_us(lambda c=cfg, x=x, w=weight: quant_matmul(x, w, None, ws, c)):9.1f}")
+        best = (float("inf"), None)
+        for cfg in SWEEP:
+            if cfg.block_m > 2 * m:
+                continue
             try:
-                y = quant_matmul(x, weight, None, ws, cfg)
-                diff = max(diff, ((y.float() - ref.float()).norm() / ref.float().norm()).item())
-                us = _us(lambda c=cfg, x=x, w=weight: quant_matmul(x, w, None, ws, c))
-                cells.append(f"{us:9.1f}")
-            except Exception as e:  # a launch shape the GPU cannot take
-                cells.append(f"{type(e).__name__[:9]:>9}")
-        print(f"{name:>8} {m:>5} {dq:15.1f} " + " ".join(cells) + f"  {diff:.1e}", flush=True)
+                us = _us(lambda c=cfg, x=x, w=weight: w4_tiled_matmul(x, w, None, ws, c))
+            except Exception:  # a launch shape the GPU cannot take (shared memory, workspace)
+                continue
+            if us < best[0]:
+                best = (us, cfg)
+        print(
+            f"{name:>8} {m:>5} {dq:15.1f} {tiled:8.1f} " + " ".join(cells) + f" {best[0]:10.1f}  {best[1]}, "
+            f"{diff:.1e}",
+            flush=True,
+        )

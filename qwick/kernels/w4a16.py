@@ -26,7 +26,7 @@ Status: correct under TRITON_INTERPRET=1 (tests/kernels/test_w4a16.py); not yet 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -220,6 +220,180 @@ def quant_matmul(
         BLOCK_M=block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return y
+
+
+@triton.jit(do_not_specialize=["M"])
+def _w4_tiles_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    counter_ptr,
+    M,
+    N,
+    KW,
+    stride_xm,
+    stride_qn,
+    stride_sn,
+    stride_ym,
+    ZERO_POINT: tl.constexpr,
+    ZERO_MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GROUP_W: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    """y = x @ W.T (+ b) for int4 W with integer zero points, [BLOCK_M, BLOCK_N] output tiles, K in tiles
+    of BLOCK_W words inside one group (one scale and zero point per row and tile). A tile's codes are
+    decoded once for all BLOCK_M rows, into K order, and multiplied in one `tl.dot`. The weights are
+    `formats.layout.dequantize`'s bit for bit: q + 2^23 read as fp32 from the bits `q | 0x4B000000`
+    (exact, an integer op instead of a conversion), minus 2^23 + z (exact), times the scale in fp32,
+    rounded once to x's dtype. Split-K as the decode kernels: each M tile has its own partials and
+    counters."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rm = tl.arange(0, BLOCK_M)  # rows inside this M tile
+    m_ok = pid_m * BLOCK_M + rm < M
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
+    j_start = pid_k * w_per_split
+    j_end = tl.minimum(j_start + w_per_split, KW)
+    rn64 = rn.to(tl.int64)
+    q_rows = qw_ptr + rn64[:, None] * stride_qn
+    s_rows = s_ptr + rn64 * stride_sn
+    z_rows = z_ptr + rn64 * stride_sn
+    x_rows = x_ptr + (pid_m * BLOCK_M + rm).to(tl.int64)[:, None] * stride_xm
+    rj = tl.arange(0, BLOCK_W)
+    rk = tl.arange(0, BLOCK_W * 8)
+    shifts = 4 * tl.arange(0, 8)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j in range(j_start, j_end, BLOCK_W):
+        words = tl.load(q_rows + (j + rj)[None, :], mask=n_ok[:, None], other=0)
+        g = j // GROUP_W
+        s = tl.load(s_rows + g, mask=n_ok, other=0.0).to(tl.float32)
+        if ZERO_MODE == 1:
+            z = tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)
+        else:
+            z = tl.zeros_like(s) + ZERO_POINT
+        q = ((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000  # [BLOCK_N, BLOCK_W, 8]
+        w = (q.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None, None]) * s[:, None, None]
+        w = tl.reshape(w.to(x_ptr.dtype.element_ty), (BLOCK_N, BLOCK_W * 8))  # element 8j + i: K order
+        x = tl.load(x_rows + (8 * j + rk)[None, :], mask=m_ok[:, None], other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+    split_k_epilogue(
+        acc,
+        b_ptr,
+        y_ptr + pid_m * BLOCK_M * stride_ym,
+        ws_ptr + pid_m * SPLIT_K * BLOCK_M * N,
+        counter_ptr + pid_m * tl.num_programs(0),
+        rm,
+        rn,
+        m_ok,
+        n_ok,
+        pid_n,
+        pid_k,
+        N,
+        stride_ym,
+        HAS_BIAS,
+        SPLIT_K,
+        BLOCK_M,
+        BLOCK_N,
+    )
+
+
+@dataclass(frozen=True)
+class TiledW4Config:
+    block_m: int
+    block_n: int
+    block_w: int  # words of K per tile (eight codes each), inside one group
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> TiledW4Config:
+    """A first guess, not yet measured on the H200 (`benchmarks/w4a16_mid_m.py` sweeps it): 32- or 64-row
+    M tiles, 128 outputs by 128 codes, K split (for a power-of-two bucket of M, so that the variants stay
+    few) until about four programs per SM are streaming."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_w = min(16, group_size // 8)
+    m_tiles = triton.cdiv(triton.next_power_of_2(m), block_m)
+    split = split_k_for(triton.cdiv(n, 128) * m_tiles, k // 8 // block_w, num_sms)
+    return TiledW4Config(block_m, 128, block_w, split)
+
+
+def w4_tiled_matmul(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    ws: GemvWorkspace,
+    config: TiledW4Config | None = None,
+) -> torch.Tensor:
+    """`x @ W.T + bias` for x [M, K] bf16/fp16 and an int4 weight with integer zero points in groups of
+    64-256 (AWQ, GPTQ, RTN: `row_gemv.w4_row_supported`), through `_w4_tiles_kernel`: meant for the
+    17-512 rows between the decode kernels and dequantize-then-cuBLAS (off until measured:
+    `PackedLinearMethod.tiled_max_m`)."""
+    m, k = x.shape
+    n, wk = weight.shape
+    if wk != k or weight.bits != 4 or weight.mins is not None or weight.group_size not in (64, 128, 256):
+        raise ValueError(
+            f"w4_tiled_matmul needs an int4 weight with zero points in groups of 64-256 and x [M, {wk}], got "
+            f"{weight.bits}-bit groups of {weight.group_size} and x {tuple(x.shape)}"
+        )
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"w4_tiled_matmul takes bf16/fp16 activations, not {x.dtype}")
+    if weight.perm is not None:  # act-order: the weight's K is stored grouped; gather x to match
+        x = x.index_select(1, weight.perm)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    cfg = config or tiled_w4_config(m, n, k, weight.group_size, ws.num_sms)
+    group_w, kw = weight.group_size // 8, k // 8
+    if group_w % cfg.block_w or kw % cfg.block_w:
+        raise ValueError(f"tiles of {cfg.block_w} words must divide groups of {group_w} and rows of {kw}")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    n_tiles, m_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
+    if config is None:  # fewer K splits where the workspace cannot stage the partials of this many rows
+        while cfg.split_k > 1 and not ws.fits(cfg.split_k, m_tiles * cfg.block_m, n, n_tiles * m_tiles):
+            cfg = replace(cfg, split_k=cfg.split_k // 2)
+    ws.check(cfg.split_k, m_tiles * cfg.block_m, n, n_tiles * m_tiles, cfg)
+    zeros = weight.zeros if weight.zeros is not None else weight.scales  # a dummy for constant zero points
+    _w4_tiles_kernel[(n_tiles, cfg.split_k, m_tiles)](
+        x,
+        weight.qweight,
+        weight.scales,
+        zeros,
+        bias if bias is not None else weight.scales,
+        y,
+        ws.partials,
+        ws.counters,
+        m,
+        n,
+        kw,
+        x.stride(0),
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+        y.stride(0),
+        ZERO_POINT=weight.zero_point,
+        ZERO_MODE=ZERO_TENSOR if weight.zeros is not None else ZERO_CONST,
+        HAS_BIAS=bias is not None,
+        GROUP_W=group_w,
+        SPLIT_K=cfg.split_k,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_W=cfg.block_w,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

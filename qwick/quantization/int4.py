@@ -98,6 +98,12 @@ class PackedLinearMethod(LinearMethod):
     # that its programs do not each pair the activations (576 SASS instructions against 640). On the H200,
     # qwen2.5-7b shapes, batch 1: 432.6 and 432.9 tok/s against 416.4 and 416.4 without (BENCHMARKS.md).
     paired_input = True
+    # Up to this many rows (above 16), int4 weights with integer zero points go through the tiled W4A16
+    # kernel (`qwick.kernels.w4a16.w4_tiled_matmul`: codes decoded once per tile, in registers) instead of
+    # dequantize-then-cuBLAS, which writes the whole layer in bf16 each call (H200, 7b gate/up at 32-256
+    # rows: 192-212 us, ~2.4x the bf16 layer's GEMM; BENCHMARKS.md, fifteenth session). 0: off, until the
+    # kernel is measured on the GPU (`bash benchmarks/gpu_session.sh int4mid`).
+    tiled_max_m = 0
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
@@ -180,12 +186,13 @@ class PackedLinearMethod(LinearMethod):
         return w4_half2_gemv(x.x, self.quantized_weight(layer), layer.bias, self.workspace, pairs=x.pairs)
 
     def _apply_cuda(self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
-        """Batch 1: the CUDA-core GEMV; 2-16 rows: the tensor-core W4A16 kernel; more (prefill, and decode
-        batches above 16, where this rewrites the whole layer in bf16 every step): dequantize the layer into
-        a transient bf16/fp16 weight with one Triton kernel, then cuBLAS."""
+        """Batch 1: the CUDA-core GEMV; 2-16 rows: the tensor-core W4A16 kernel; up to `tiled_max_m` rows
+        the tiled W4A16 kernel (off by default); more (prefill, and decode batches above 16, where this
+        rewrites the whole layer in bf16 every step): dequantize the layer into a transient bf16/fp16
+        weight with one Triton kernel, then cuBLAS."""
         from qwick.kernels.row_gemv import w4_row_gemv, w4_row_supported
         from qwick.kernels.row_gemv_half2 import w4_half2_gemv, w4_half2_supported
-        from qwick.kernels.w4a16 import dequantize_int4, quant_matmul
+        from qwick.kernels.w4a16 import dequantize_int4, quant_matmul, w4_tiled_matmul
 
         m = x.shape[0]
         fast = w4_row_supported(weight)
@@ -195,6 +202,8 @@ class PackedLinearMethod(LinearMethod):
             return w4_row_gemv(x, weight, layer.bias, self.workspace)
         if 0 < m <= 16:
             return quant_matmul(x, weight, layer.bias, self.workspace)
+        if fast and 16 < m <= self.tiled_max_m:
+            return w4_tiled_matmul(x, weight, layer.bias, self.workspace)
         if fast and m > 0:
             if weight.perm is not None:  # act-order: K is stored grouped; gather x to match
                 x = x.index_select(1, weight.perm)

@@ -122,3 +122,52 @@ def test_dequantize_int4_is_bit_identical_to_the_reference(kind, n, k):
     for dtype in (torch.float16,) if INTERPRET else (torch.bfloat16, torch.float16):
         expected = dequantize(qw, dtype, original_order=False)
         assert torch.equal(dequantize_int4(qw, dtype), expected)
+
+
+TILED_MS = [17, 40, 100] if not INTERPRET else [17, 33]
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("kind", ["rtn-asym", "gptq-act-order"])
+def test_tiled_int4_matches_reference(kind, n, k):
+    """`w4_tiled_matmul` (int4 at 17+ rows): the default launch shape, forced K splits (twice, over the
+    self-reset counters) and other M tiles, against the float64 product of the same rounded weights."""
+    from qwick.kernels.w4a16 import TiledW4Config, tiled_w4_config, w4_tiled_matmul
+
+    dev = triton_device()
+    dtype = torch.float16 if INTERPRET else torch.bfloat16
+    ws = gemv_workspace(dev)
+    qw = _weight(kind, n, k, dev)
+    w_rounded = dequantize(qw, dtype, original_order=False).double()
+    bias = torch.randn(n, device=dev, dtype=dtype) if kind == "rtn-asym" else None
+    for m in TILED_MS:
+        configs = [
+            tiled_w4_config(m, n, k, qw.group_size, ws.num_sms),
+            TiledW4Config(16, 64, 16, 2),
+            TiledW4Config(32, 32, 8, 4, num_warps=2, num_stages=2),
+        ]
+        for cfg in configs:
+            for _ in range(2 if cfg.split_k > 1 else 1):
+                x = torch.randn(m, k, device=dev, dtype=dtype)
+                xs = x.double() if qw.perm is None else x.double()[:, qw.perm]
+                ref = xs @ w_rounded.T + (bias.double() if bias is not None else 0)
+                out = w4_tiled_matmul(x, qw, bias, ws, cfg)
+                assert out.shape == (m, n) and out.dtype == dtype
+                rel = ((out.double() - ref).norm() / ref.norm()).item()
+                assert rel < 4e-3, (kind, m, cfg, rel)
+    assert int(ws.counters.abs().sum()) == 0
+
+
+def test_tiled_int4_refuses_what_it_cannot_take():
+    from qwick.kernels.w4a16 import TiledW4Config, w4_tiled_matmul
+
+    dev = triton_device()
+    ws = gemv_workspace(dev)
+    qw = _weight("rtn-asym", 96, 512, dev)
+    x = torch.randn(20, 512, device=dev, dtype=torch.float16)
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        w4_tiled_matmul(x.float(), qw, None, ws)
+    with pytest.raises(ValueError, match="must divide groups"):
+        w4_tiled_matmul(x, qw, None, ws, TiledW4Config(32, 64, 32, 1))  # 32 words > a 16-word group
+    with pytest.raises(ValueError, match="x \\[M, 512\\]"):
+        w4_tiled_matmul(x[:, :256], qw, None, ws)

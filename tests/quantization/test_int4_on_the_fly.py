@@ -265,6 +265,36 @@ def test_cuda_one_row_takes_the_f16x2_gemv(half2, monkeypatch):
     assert calls == ["w4_half2_gemv" if half2 else "w4_row_gemv"] * 2
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiled_max_m", [0, 64])
+def test_cuda_rows_above_16_take_the_tiled_kernel_when_on(tiled_max_m, monkeypatch):
+    """`tiled_max_m`: 17..tiled_max_m rows go through `w4_tiled_matmul`, more rows (and all of them when
+    off) through dequantize-then-cuBLAS; both give the reference's function."""
+    from qwick.kernels import w4a16
+
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    torch.manual_seed(0)
+    monkeypatch.setattr(RtnInt4LinearMethod, "tiled_max_m", tiled_max_m)
+    method = Int4Config().linear_method("model.layers.0.mlp.down_proj", ["x"])
+    layer = Linear(1024, 192, bias=True, method=method).cuda()
+    layer.weight.data.copy_(torch.randn(192, 1024, device="cuda") * 0.05)
+    method.process_weights_after_loading(layer)
+    calls = []
+    for name in ("w4_tiled_matmul", "dequantize_int4"):
+        real = getattr(w4a16, name)
+        monkeypatch.setattr(
+            w4a16, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k)
+        )
+    for m in (20, 64, 65):
+        x = torch.randn(m, 1024, device="cuda").bfloat16()
+        ref = method.apply_reference(layer, x)
+        y = layer(x)
+        assert y.shape == (m, 192) and ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+    tiled = ["w4_tiled_matmul"] * 2 if tiled_max_m else ["dequantize_int4"] * 2
+    assert calls == [*tiled, "dequantize_int4"]
+
+
 def test_paired_input_is_asked_only_for_one_cuda_row(monkeypatch):
     """`paired_input` on: the method asks the producer of its input for the f16x2 GEMV's operand only for
     one row on CUDA (here: a CPU row and several rows get None, as does the switch off)."""
