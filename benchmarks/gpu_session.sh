@@ -413,7 +413,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     ;;
   int4mid)  # int4 at 17+ rows through the tiled W4A16 kernel (`PackedLinearMethod.tiled_max_m`, off):
     # its GPU tests, the layer timings and launch-shape sweep against dequantize-then-cuBLAS, then 64
-    # concurrent requests with it and without (and bf16), one process per run
+    # concurrent requests with it and without (and bf16), and batch 1 (TTFT of a 128-token prompt) with it
+    # and without, one process per run
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py \
       tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
     python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_mid_m.log" | grep -v -i warn
@@ -424,6 +425,10 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run t64_int4 $CLI $T64 --quantization int4 --output-json "$OUT/t64_int4.json"
     run t64_int4_tiled python -c "$TILED" $T64 --quantization int4 --output-json "$OUT/t64_int4_tiled.json"
     run t64_bf16 $CLI $T64 --output-json "$OUT/t64_bf16.json"
+    # the 128-token prefill (TTFT) goes through it too
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
+    run b1_int4 $CLI $B1 --output-json "$OUT/b1_int4.json"
+    run b1_int4_tiled python -c "$TILED" $B1 --output-json "$OUT/b1_int4_tiled.json"
     ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
