@@ -49,7 +49,8 @@
 #   bash benchmarks/gpu_session.sh shortdecode  # one-row decode attention at short contexts: a launch-
 #                                            # shape sweep, int4 batch 1 with the fastest shape and without
 #   bash benchmarks/gpu_session.sh int4mid   # int4 at 17+ rows: the tiled W4A16 kernel's tests, layer
-#                                            # sweep, 64 concurrent requests with it and without
+#                                            # sweep; int4mid_e2e: 64 concurrent requests and the
+#                                            # 128-token TTFT with it and without
 #   bash benchmarks/gpu_session.sh w3kv      # workload 3: bf16, fp8, fp8 with an fp8 KV cache
 #   bash benchmarks/gpu_session.sh lmhead    # the LM head quantized too (`--quantize-lm-head`): its
 #                                            # GPU tests, batch 1 per mode with it and without, fp8 workload 3
@@ -418,6 +419,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py \
       tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
     python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_mid_m.log" | grep -v -i warn
+    ;;
+  int4mid_e2e)  # the second call of int4mid: end to end with the tiled kernel and without
     T64="bench throughput --shape qwen2.5-7b --max-model-len 4096 --num-prompts 64 --input-len 128 \
       --output-len 256 --num-iters 1"
     TILED="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.tiled_max_m = 256; \
@@ -434,7 +437,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e" >&2
     exit 2
     ;;
 esac
