@@ -413,14 +413,13 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run b1_int4_default2 $CLI $B1 --output-json "$OUT/b1_int4_default2.json"
     ;;
   int4mid)  # int4 at 17+ rows through the tiled W4A16 kernel (`PackedLinearMethod.tiled_max_m`, off):
-    # its GPU tests, the layer timings and launch-shape sweep against dequantize-then-cuBLAS, then 64
-    # concurrent requests with it and without (and bf16), and batch 1 (TTFT of a 128-token prompt) with it
-    # and without, one process per run
+    # its GPU tests, the layer timings and launch-shape sweep against dequantize-then-cuBLAS
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py \
       tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
     python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_mid_m.log" | grep -v -i warn
     ;;
-  int4mid_e2e)  # the second call of int4mid: end to end with the tiled kernel and without
+  int4mid_e2e)  # the second call of int4mid: 64 concurrent requests with the tiled kernel and without
+    # (and bf16), and batch 1 (the TTFT of a 128-token prompt) with it and without, one process per run
     T64="bench throughput --shape qwen2.5-7b --max-model-len 4096 --num-prompts 64 --input-len 128 \
       --output-len 256 --num-iters 1"
     TILED="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.tiled_max_m = 256; \
