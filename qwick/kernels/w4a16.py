@@ -19,8 +19,10 @@ Each dequantized value is computed in fp32 exactly as `formats.layout.dequantize
 once to the activation dtype: the kernel and `formats.reference.dequant_matmul` multiply the same weights.
 Prefill (M > 16) runs the same kernel over M tiles of 64 rows without split-K.
 
-Status: correct under TRITON_INTERPRET=1 (tests/kernels/test_w4a16.py); not yet run or tuned on the H200
-(benchmarks/w4a16_sweep.py is the sweep to run), so `default_config` is a first guess.
+Used on GPUs for 2-16 rows (AWQ, GPTQ, RTN int4) and for GGUF weights; above 16 rows its 64-row M tiles
+re-run the eight planes' dots with strided gathers of x, 2-20x slower than dequantize-then-cuBLAS (H200,
+BENCHMARKS.md). `w4_tiled_matmul` below is the kernel meant for those rows: each tile's codes decoded once,
+into K order, and one `tl.dot` (off until measured: `PackedLinearMethod.tiled_max_m`).
 """
 
 from __future__ import annotations
@@ -365,8 +367,9 @@ def w4_tiled_matmul(
     if m == 0:
         return y
     n_tiles, m_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
-    if config is None:  # fewer K splits where the workspace cannot stage the partials of this many rows
-        while cfg.split_k > 1 and not ws.fits(cfg.split_k, m_tiles * cfg.block_m, n, n_tiles * m_tiles):
+    if config is None:  # fewer K splits where the workspace cannot stage the partials of M's bucket
+        rows = triton.cdiv(triton.next_power_of_2(m), cfg.block_m) * cfg.block_m
+        while cfg.split_k > 1 and not ws.fits(cfg.split_k, rows, n, n_tiles * rows // cfg.block_m):
             cfg = replace(cfg, split_k=cfg.split_k // 2)
     ws.check(cfg.split_k, m_tiles * cfg.block_m, n, n_tiles * m_tiles, cfg)
     zeros = weight.zeros if weight.zeros is not None else weight.scales  # a dummy for constant zero points
