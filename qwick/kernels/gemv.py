@@ -159,6 +159,50 @@ def split_k_epilogue(
             tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
+@triton.jit
+def m_tile_split_k_epilogue(
+    acc,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    counter_ptr,
+    rm,
+    rn,
+    m_ok,
+    n_ok,
+    pid_m,
+    pid_n,
+    pid_k,
+    N,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """`split_k_epilogue` for M tile `pid_m` of a grid with M tiles on axis 2 and output tiles on axis 0:
+    each M tile has its own partials ([SPLIT_K, BLOCK_M, N]) and counters; `rm` are the rows inside it."""
+    split_k_epilogue(
+        acc,
+        b_ptr,
+        y_ptr + pid_m * BLOCK_M * stride_ym,
+        ws_ptr + pid_m * (SPLIT_K * BLOCK_M * N),
+        counter_ptr + pid_m * tl.num_programs(0),
+        rm,
+        rn,
+        m_ok,
+        n_ok,
+        pid_n,
+        pid_k,
+        N,
+        stride_ym,
+        HAS_BIAS,
+        SPLIT_K,
+        BLOCK_M,
+        BLOCK_N,
+    )
+
+
 @dataclass(frozen=True)
 class GemvConfig:
     block_n: int

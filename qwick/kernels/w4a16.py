@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.gemv import MAX_M, GemvWorkspace, split_k_epilogue, split_k_for
+from qwick.kernels.gemv import MAX_M, GemvWorkspace, m_tile_split_k_epilogue, split_k_epilogue, split_k_for
 from qwick.quantization.formats.layout import QuantizedWeight
 
 ZERO_CONST, ZERO_TENSOR, ZERO_MINS = 0, 1, 2
@@ -263,7 +263,7 @@ def _w4_tiles_kernel(
     counters."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    pid_m = tl.program_id(2).to(tl.int64)  # the epilogue's offsets grow with M * N
     rm = tl.arange(0, BLOCK_M)  # rows inside this M tile
     m_ok = pid_m * BLOCK_M + rm < M
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -293,16 +293,17 @@ def _w4_tiles_kernel(
         w = tl.reshape(w.to(x_ptr.dtype.element_ty), (BLOCK_N, BLOCK_W * 8))  # element 8j + i: K order
         x = tl.load(x_rows + (8 * j + rk)[None, :], mask=m_ok[:, None], other=0.0)
         acc = tl.dot(x, tl.trans(w), acc)
-    split_k_epilogue(
+    m_tile_split_k_epilogue(
         acc,
         b_ptr,
-        y_ptr + pid_m * BLOCK_M * stride_ym,
-        ws_ptr + pid_m * SPLIT_K * BLOCK_M * N,
-        counter_ptr + pid_m * tl.num_programs(0),
+        y_ptr,
+        ws_ptr,
+        counter_ptr,
         rm,
         rn,
         m_ok,
         n_ok,
+        pid_m,
         pid_n,
         pid_k,
         N,

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.gemv import GemvWorkspace, load_k_tiles, split_k_epilogue
+from qwick.kernels.gemv import GemvWorkspace, load_k_tiles, m_tile_split_k_epilogue
 
 
 @triton.jit
@@ -229,7 +229,7 @@ def _rowwise_fp8_mm_kernel(
     EVEN_K: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] tile of (xq @ wq^T) * xs * ws (+ b), K split over SPLIT_K programs whose
-    partials `split_k_epilogue` reduces (each row tile has its own slice of the workspace and counters)."""
+    partials `m_tile_split_k_epilogue` reduces (each row tile with its own partials and counters)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2).to(tl.int64)  # offsets below: M * N may pass 2^31
@@ -254,17 +254,17 @@ def _rowwise_fp8_mm_kernel(
     xs = tl.load(xs_ptr + rows, mask=m_ok, other=0.0)
     wscale = tl.load(wscale_ptr + rn, mask=n_ok, other=0.0)
     acc = acc * xs[:, None] * wscale[None, :]
-    tiles_n = tl.num_programs(0)
-    split_k_epilogue(
+    m_tile_split_k_epilogue(
         acc,
         b_ptr,
-        y_ptr + pid_m * BLOCK_M * stride_ym,
-        part_ptr + pid_m * (SPLIT_K * BLOCK_M * N),
-        counter_ptr + pid_m * tiles_n,
+        y_ptr,
+        part_ptr,
+        counter_ptr,
         rm,
         rn,
         m_ok,
         n_ok,
+        pid_m,
         pid_n,
         pid_k,
         N,

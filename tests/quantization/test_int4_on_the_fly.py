@@ -245,24 +245,33 @@ def test_cuda_one_row_takes_the_f16x2_gemv(half2, monkeypatch):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    torch.manual_seed(0)
     monkeypatch.setattr(RtnInt4LinearMethod, "decode_half2", half2)
+    calls = _kernels_called(
+        ((row_gemv_half2, "w4_half2_gemv"), (row_gemv, "w4_row_gemv")), (1, 4, 1), monkeypatch
+    )
+    assert calls == ["w4_half2_gemv" if half2 else "w4_row_gemv"] * 2
+
+
+def _kernels_called(kernels, rows, monkeypatch) -> list[str]:
+    """Which of `kernels` ((module, function name) pairs) a CUDA int4 layer calls for inputs of each of
+    `rows` rows, each output checked against the reference path's."""
+    torch.manual_seed(0)
     method = Int4Config().linear_method("model.layers.0.mlp.down_proj", ["x"])
     layer = Linear(1024, 192, bias=True, method=method).cuda()
     layer.weight.data.copy_(torch.randn(192, 1024, device="cuda") * 0.05)
     method.process_weights_after_loading(layer)
     calls = []
-    for mod, name in ((row_gemv_half2, "w4_half2_gemv"), (row_gemv, "w4_row_gemv")):
+    for mod, name in kernels:
         real = getattr(mod, name)
         monkeypatch.setattr(
             mod, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k)
         )
-    for m in (1, 4, 1):
+    for m in rows:
         x = torch.randn(m, 1024, device="cuda").bfloat16()
         ref = method.apply_reference(layer, x)
         y = layer(x)
         assert y.shape == (m, 192) and ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
-    assert calls == ["w4_half2_gemv" if half2 else "w4_row_gemv"] * 2
+    return calls
 
 
 @pytest.mark.gpu
@@ -274,23 +283,9 @@ def test_cuda_rows_above_16_take_the_tiled_kernel_when_on(tiled_max_m, monkeypat
 
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
-    torch.manual_seed(0)
     monkeypatch.setattr(RtnInt4LinearMethod, "tiled_max_m", tiled_max_m)
-    method = Int4Config().linear_method("model.layers.0.mlp.down_proj", ["x"])
-    layer = Linear(1024, 192, bias=True, method=method).cuda()
-    layer.weight.data.copy_(torch.randn(192, 1024, device="cuda") * 0.05)
-    method.process_weights_after_loading(layer)
-    calls = []
-    for name in ("w4_tiled_matmul", "dequantize_int4"):
-        real = getattr(w4a16, name)
-        monkeypatch.setattr(
-            w4a16, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k)
-        )
-    for m in (20, 64, 65):
-        x = torch.randn(m, 1024, device="cuda").bfloat16()
-        ref = method.apply_reference(layer, x)
-        y = layer(x)
-        assert y.shape == (m, 192) and ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+    kernels = ((w4a16, "w4_tiled_matmul"), (w4a16, "dequantize_int4"))
+    calls = _kernels_called(kernels, (20, 64, 65), monkeypatch)
     tiled = ["w4_tiled_matmul"] * 2 if tiled_max_m else ["dequantize_int4"] * 2
     assert calls == [*tiled, "dequantize_int4"]
 
