@@ -328,12 +328,13 @@ class TiledW4Config:
 def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> TiledW4Config:
     """A first guess, not yet measured on the H200 (`benchmarks/w4a16_mid_m.py` sweeps it): 32- or 64-row
     M tiles, 128 outputs by 128 codes, K split (for a power-of-two bucket of M, so that the variants stay
-    few) until about four programs per SM are streaming."""
+    few) until about four programs per SM are streaming; 8 warps for 64-row tiles, whose fp32 accumulator
+    and decoded tile would crowd 4 warps' registers."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     block_w = min(16, group_size // 8)
     m_tiles = triton.cdiv(triton.next_power_of_2(m), block_m)
     split = split_k_for(triton.cdiv(n, 128) * m_tiles, k // 8 // block_w, num_sms)
-    return TiledW4Config(block_m, 128, block_w, split)
+    return TiledW4Config(block_m, 128, block_w, split, num_warps=8 if block_m >= 64 else 4)
 
 
 def w4_tiled_matmul(
