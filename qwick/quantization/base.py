@@ -49,15 +49,17 @@ class QuantizationConfig(ABC):
     # Whether `quantize_lm_head` is honoured: the on-the-fly configs that quantize a plain LM head, and GGUF
     # (which keeps the file's head blocks), set it; an instance may turn it off (an fp8 checkpoint's).
     can_quantize_lm_head: bool = False
-    # Whether it does so when `quantize_lm_head` is left unset (None): the on-the-fly modes, each in an
-    # 8-bit format (int4's default head is int8: `Int4Config.linear_method`).
-    quantizes_lm_head_by_default: bool = False
-    quantize_lm_head: bool = False  # set by `resolve_quantization`; `linear_method` reads it
-    lm_head_by_default: bool = False  # set by `resolve_quantization`: quantize_lm_head was left unset
+    # The LM head's format when `quantize_lm_head` is left unset (None: the model dtype): the on-the-fly
+    # modes make it 8-bit (int4 too, in int8).
+    default_lm_head: ClassVar[str | None] = None
+    quantize_lm_head: bool | None = None  # as asked (`resolve_quantization`); read through `lm_head_format`
 
     def lm_head_format(self) -> str | None:
-        """The LM head's format as `linear_method` builds it (None: the model dtype), for logs and reports."""
-        return self.name if self.quantize_lm_head else None
+        """The LM head's format as `linear_method` builds it (None: the model dtype): the body's when asked
+        for, `default_lm_head` when left unset."""
+        if not self.can_quantize_lm_head or self.quantize_lm_head is False:
+            return None
+        return self.name if self.quantize_lm_head else self.default_lm_head
 
     @classmethod
     def from_config(cls, hf_quant_config: dict) -> QuantizationConfig:
@@ -148,20 +150,16 @@ def resolve_quantization(
     `model_path`: the checkpoint directory (None for random weights), for formats that read its files.
     `quantize_lm_head`: the LM head quantized too, which the modes that quantize (or repack) weights while
     loading offer; a quantized checkpoint's head stays as it ships. None: the mode's default
-    (`quantizes_lm_head_by_default`)."""
+    (`default_lm_head`)."""
     config = _resolve(requested, hf_config, model_path)
-    if quantize_lm_head is None:
-        if config is not None and config.can_quantize_lm_head:
-            config.quantize_lm_head = config.quantizes_lm_head_by_default
-            config.lm_head_by_default = True
-    elif quantize_lm_head:
-        if config is None or not config.can_quantize_lm_head:
-            what = "no quantization" if config is None else config.describe()
-            raise ValueError(
-                f"quantize_lm_head applies to quantization={'|'.join(lm_head_names())} (weights quantized or "
-                f"repacked while loading); this model runs {what}"
-            )
-        config.quantize_lm_head = True
+    if quantize_lm_head and (config is None or not config.can_quantize_lm_head):
+        what = "no quantization" if config is None else config.describe()
+        raise ValueError(
+            f"quantize_lm_head applies to quantization={'|'.join(lm_head_names())} (weights quantized or "
+            f"repacked while loading); this model runs {what}"
+        )
+    if config is not None:
+        config.quantize_lm_head = quantize_lm_head
     return config
 
 

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 class Fp8Config(QuantizationConfig):
     name = "fp8"
     can_quantize_lm_head = True  # on the fly; a checkpoint's config turns it off (`__init__`)
-    quantizes_lm_head_by_default = True  # an 8-bit head: +0.1% perplexity (BENCHMARKS.md)
+    default_lm_head = "fp8"  # an 8-bit head: +0.1% perplexity (BENCHMARKS.md)
 
     def __init__(
         self, *, checkpoint: bool, block: tuple[int, int] | None = None, ignored: Sequence[str] = ()
@@ -64,7 +64,7 @@ class Fp8Config(QuantizationConfig):
         return "fp8 checkpoint (per-tensor/per-channel weight scales)"
 
     def linear_method(self, prefix: str, shard_names: Sequence[str]) -> W8A8LinearMethod | None:
-        if prefix == "lm_head" and not self.quantize_lm_head:  # stays in the model dtype, as in vLLM
+        if prefix == "lm_head" and self.lm_head_format() is None:  # stays in the model dtype, as in vLLM
             return None
         skipped = [_ignored(name, self.ignored) for name in shard_names]
         if all(skipped):

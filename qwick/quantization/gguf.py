@@ -76,7 +76,7 @@ class GgufConfig(QuantizationConfig):
 
     def linear_method(self, prefix: str, shard_names: Sequence[str]) -> GgufLinearMethod | None:
         if prefix == "lm_head":
-            if not self.quantize_lm_head:  # stays in the model dtype, as in every mode
+            if self.lm_head_format() is None:  # stays in the model dtype unless asked
                 return None
             if "lm_head.weight" not in self.tensors:  # tied: the head keeps the embedding's blocks
                 self.tensors["lm_head.weight"] = self.tensors.get("model.embed_tokens.weight")

@@ -392,7 +392,7 @@ class Int4Config(QuantizationConfig):
 
     name = "int4"
     can_quantize_lm_head = True
-    quantizes_lm_head_by_default = True  # to int8: `linear_method`
+    default_lm_head = "int8"  # W8A8: `linear_method`
     sym = False
     group_size = rtn.DEFAULT_GROUP_SIZE
 
@@ -407,11 +407,6 @@ class Int4Config(QuantizationConfig):
     def describe(self) -> str:
         kind = "symmetric" if self.sym else "asymmetric"
         return f"int4 (quantized while loading: round to nearest, {kind}, group {self.group_size})"
-
-    def lm_head_format(self) -> str | None:
-        if self.quantize_lm_head and self.lm_head_by_default:
-            return "int8"
-        return super().lm_head_format()
 
     def linear_method(self, prefix: str, shard_names: Sequence[str]) -> LinearMethod | None:
         if prefix == "lm_head":

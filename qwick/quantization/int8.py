@@ -15,7 +15,7 @@ from qwick.quantization.w8a8 import W8A8LinearMethod
 class Int8Config(QuantizationConfig):
     name = "int8"
     can_quantize_lm_head = True
-    quantizes_lm_head_by_default = True  # an 8-bit head: +0.1% perplexity (BENCHMARKS.md)
+    default_lm_head = "int8"  # an 8-bit head: +0.1% perplexity (BENCHMARKS.md)
 
     @classmethod
     def for_unquantized_checkpoint(cls) -> Int8Config:
@@ -25,6 +25,6 @@ class Int8Config(QuantizationConfig):
         return "int8 (quantized while loading, per-channel weight scales)"
 
     def linear_method(self, prefix: str, shard_names: Sequence[str]) -> W8A8LinearMethod | None:
-        if prefix == "lm_head" and not self.quantize_lm_head:
+        if prefix == "lm_head" and self.lm_head_format() is None:
             return None
         return W8A8LinearMethod(torch.int8, checkpoint=False)

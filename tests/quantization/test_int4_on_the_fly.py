@@ -161,7 +161,8 @@ def test_symmetric_variant_and_layer_method():
         x = torch.randn(3, 256)
         ref = x @ dequantize(rtn.quantize(w, 128, 4, sym)).T + layer.bias
         torch.testing.assert_close(layer(x), ref, atol=1e-5, rtol=1e-5)
-    assert Int4Config.for_unquantized_checkpoint().linear_method("lm_head", ["lm_head"]) is None
+    head = Int4Config.for_unquantized_checkpoint().linear_method("lm_head", ["lm_head"])  # the default
+    assert head.qdtype == torch.int8 and not isinstance(head, RtnInt4LinearMethod)
 
 
 def test_cpu_int4_packs_are_made_at_startup(int4_model):
