@@ -22,9 +22,9 @@ Design:
 - All graphs share one memory pool, captured from the largest bucket down, so smaller graphs reuse the
   largest one's activation memory. Replays are sequential on one stream, which makes the sharing safe.
 - Python's cyclic garbage collector is paused for the whole capture (after one collection): a cycle it
-  frees can run CUDA calls that a capturing stream forbids (the pinned host memory of an earlier engine
-  in the same process queries its events when freed), which invalidates the capture and leaves decode
-  eager. torch 2.11's `torch.cuda.graph` no longer collects on entry by default.
+  frees can run finalizers that make CUDA calls a capturing stream forbids (an earlier engine in the same
+  process, most likely, in the GPU tests where this was seen), which invalidates the capture and leaves
+  decode eager. torch 2.11's `torch.cuda.graph` no longer collects on entry by default.
 - With `short_context` > 0, a second set of graphs pins one split per row for steps whose contexts all
   fit in `short_context` tokens: a split count chosen at `max_model_len` leaves most splits of a short
   row empty and adds the reduction launch (H200, one layer at batch 1 and 128 tokens: 8.4 us with 32
