@@ -418,19 +418,32 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
     python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_mid_m.log" | grep -v -i warn
     ;;
-  int4mid_e2e)  # the second call of int4mid: 64 concurrent requests with the tiled kernel and without
-    # (and bf16), and batch 1 (the TTFT of a 128-token prompt) with it and without, one process per run
-    T64="bench throughput --shape qwen2.5-7b --max-model-len 4096 --num-prompts 64 --input-len 128 \
-      --output-len 256 --num-iters 1"
-    TILED="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.tiled_max_m = 256; \
+  int4mid_e2e)  # the second call of int4mid: 64 and 32 concurrent requests with the tiled kernel (the
+    # default up to 64 rows) and without (and bf16), and batch 1 (the TTFT of a 128-token prompt) with it
+    # and without, one process per run
+    T64="bench throughput --shape qwen2.5-7b --max-model-len 4096 --input-len 128 --output-len 256 \
+      --num-iters 1"
+    OFF="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.tiled_max_m = 0; \
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    run t64_int4 $CLI $T64 --quantization int4 --output-json "$OUT/t64_int4.json"
-    run t64_int4_tiled python -c "$TILED" $T64 --quantization int4 --output-json "$OUT/t64_int4_tiled.json"
-    run t64_bf16 $CLI $T64 --output-json "$OUT/t64_bf16.json"
-    # the 128-token prefill (TTFT) goes through it too
+    RESHAPE="import sys, dataclasses; import qwick.kernels.w4a16 as K; f = K.tiled_w4_config; \
+K.tiled_w4_config = lambda *a: dataclasses.replace(f(*a), block_m=64, block_n=128, nibble_dots=False); \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    if [ "${NIBBLE_AB:-0}" = 1 ]; then  # 17-32 rows: the nibble dots (default) against the reshape
+      run t32_int4 $CLI $T64 --num-prompts 32 --quantization int4 --output-json "$OUT/t32_int4.json"
+      run t32_int4_reshape python -c "$RESHAPE" $T64 --num-prompts 32 --quantization int4 \
+        --output-json "$OUT/t32_int4_reshape.json"
+      run t32_int4_2 $CLI $T64 --num-prompts 32 --quantization int4 --output-json "$OUT/t32_int4_2.json"
+      exit 0
+    fi
+    for n in 64 32; do
+      run t${n}_int4 $CLI $T64 --num-prompts $n --quantization int4 --output-json "$OUT/t${n}_int4.json"
+      run t${n}_int4_off python -c "$OFF" $T64 --num-prompts $n --quantization int4 \
+        --output-json "$OUT/t${n}_int4_off.json"
+    done
+    run t64_bf16 $CLI $T64 --num-prompts 64 --output-json "$OUT/t64_bf16.json"
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     run b1_int4 $CLI $B1 --output-json "$OUT/b1_int4.json"
-    run b1_int4_tiled python -c "$TILED" $B1 --output-json "$OUT/b1_int4_tiled.json"
+    run b1_int4_off python -c "$OFF" $B1 --output-json "$OUT/b1_int4_off.json"
     ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"

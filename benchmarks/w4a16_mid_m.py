@@ -23,17 +23,18 @@ from qwick.kernels.w4a16 import QuantGemvConfig, TiledW4Config, dequantize_int4,
 from qwick.quantization.formats import rtn
 
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
-MS = [32, 64, 128, 256, 512, 1024]
+MS = [int(m) for m in os.environ.get("MS", "32 64 128 256 512").split()]
 OLD = {  # the decode kernel's launch shapes for M > 16
     "old bm64": QuantGemvConfig(128, 128, 1, num_warps=8, num_stages=3, block_m=64),
     "old bm32": QuantGemvConfig(128, 128, 1, num_warps=4, num_stages=3, block_m=32),
 }
-SWEEP = [
-    TiledW4Config(bm, bn, 16, split, warps, stages)
+RESHAPE = [TiledW4Config(64, 128, 16, split) for split in (1, 2, 4)]  # the 15th session's sweep's best
+NIBBLE = [
+    TiledW4Config(bm, bn, 16, split, warps, stages, nibble_dots=True)
     for bm in (32, 64, 128)
-    for bn in (64, 128, 256)
+    for bn in (64, 128)
     for split in (1, 2, 4)
-    for warps, stages in ((4, 3), (8, 3))
+    for warps, stages in ((4, 3), (4, 4), (8, 3))
 ]
 
 
@@ -53,33 +54,42 @@ ws = GemvWorkspace(torch.device("cuda"), max_elems=1 << 24)
 torch.manual_seed(0)
 old = OLD if os.environ.get("OLD") == "1" else {}
 print(
-    f"{'layer':>8} {'M':>5} {'dequant+cuBLAS':>15} {'tiled':>8} " + " ".join(f"{n:>9}" for n in old), end=""
+    f"{'layer':>8} {'M':>5} {'dequant+cuBLAS':>15} {'default':>8} " + " ".join(f"{n:>9}" for n in old), end=""
 )
-print(f" {'best tiled':>10}  best launch shape, rel. diff", flush=True)
+print(f" {'reshape':>8} {'nibble':>8}  best nibble launch shape, rel. diff", flush=True)
+
+
+def _best(configs, m, x, weight):
+    best = (float("inf"), None)
+    for cfg in configs:
+        if cfg.block_m > 2 * m:
+            continue
+        try:
+            us = _us(lambda c=cfg, x=x, w=weight: w4_tiled_matmul(x, w, None, ws, c))
+        except Exception:  # a launch shape the GPU cannot take (shared memory, workspace)
+            continue
+        if us < best[0]:
+            best = (us, cfg)
+    return best
+
+
 for name, (n, k) in SHAPES.items():
     weight = rtn.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, 128, 4)
     for m in MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = F.linear(x, dequantize_int4(weight, x.dtype))
         dq = _us(lambda x=x, w=weight: F.linear(x, dequantize_int4(w, x.dtype)))
-        y = w4_tiled_matmul(x, weight, None, ws)
-        diff = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
         tiled = _us(lambda x=x, w=weight: w4_tiled_matmul(x, w, None, ws))
         cells = []
         for cfg in old.values():
             cells.append(f"{_us(lambda c=cfg, x=x, w=weight: quant_matmul(x, w, None, ws, c)):9.1f}")
-        best = (float("inf"), None)
-        for cfg in SWEEP:
-            if cfg.block_m > 2 * m:
-                continue
-            try:
-                us = _us(lambda c=cfg, x=x, w=weight: w4_tiled_matmul(x, w, None, ws, c))
-            except Exception:  # a launch shape the GPU cannot take (shared memory, workspace)
-                continue
-            if us < best[0]:
-                best = (us, cfg)
+        reshape, nibble = _best(RESHAPE, m, x, weight), _best(NIBBLE, m, x, weight)
+        y = w4_tiled_matmul(x, weight, None, ws, nibble[1])
+        diff = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
         print(
-            f"{name:>8} {m:>5} {dq:15.1f} {tiled:8.1f} " + " ".join(cells) + f" {best[0]:10.1f}  {best[1]}, "
-            f"{diff:.1e}",
+            f"{name:>8} {m:>5} {dq:15.1f} {tiled:8.1f} "
+            + " ".join(cells)
+            + f" {reshape[0]:8.1f} {nibble[0]:8.1f}"
+            f"  {nibble[1]}, {diff:.1e}",
             flush=True,
         )

@@ -254,7 +254,7 @@ class GemvWorkspace:
     (before CUDA-graph capture) and reused forever.
     """
 
-    def __init__(self, device: torch.device, max_elems: int = 1 << 22, max_tiles: int = 1 << 16) -> None:
+    def __init__(self, device: torch.device, max_elems: int = 1 << 23, max_tiles: int = 1 << 16) -> None:
         self.partials = torch.empty(max_elems, dtype=torch.float32, device=device)
         self.counters = torch.zeros(max_tiles, dtype=torch.int32, device=device)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count

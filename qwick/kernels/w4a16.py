@@ -253,6 +253,7 @@ def _w4_tiles_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    NIBBLE_DOTS: tl.constexpr,
 ):
     """y = x @ W.T (+ b) for int4 W with integer zero points, [BLOCK_M, BLOCK_N] output tiles, K in tiles
     of BLOCK_W words inside one group (one scale and zero point per row and tile). A tile's codes are
@@ -260,7 +261,12 @@ def _w4_tiles_kernel(
     `formats.layout.dequantize`'s bit for bit: q + 2^23 read as fp32 from the bits `q | 0x4B000000`
     (exact, an integer op instead of a conversion), minus 2^23 + z (exact), times the scale in fp32,
     rounded once to x's dtype. Split-K as the decode kernels: each M tile has its own partials and
-    counters."""
+    counters.
+
+    NIBBLE_DOTS: no reshape of the decoded tile into K order; instead nibble i of the tile's words (K
+    indices 8j + i) is one [BLOCK_N, BLOCK_W] operand, multiplied with the matching strided columns of x
+    in its own K = BLOCK_W dot, with the weight as the MMA's first operand (y^T = W x^T, so few rows are
+    the MMA's narrow side)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2).to(tl.int64)  # the epilogue's offsets grow with M * N
@@ -276,10 +282,12 @@ def _w4_tiles_kernel(
     s_rows = s_ptr + rn64 * stride_sn
     z_rows = z_ptr + rn64 * stride_sn
     x_rows = x_ptr + (pid_m * BLOCK_M + rm).to(tl.int64)[:, None] * stride_xm
+    x_cols = x_ptr + (pid_m * BLOCK_M + rm).to(tl.int64)[None, :] * stride_xm  # x^T's columns
     rj = tl.arange(0, BLOCK_W)
     rk = tl.arange(0, BLOCK_W * 8)
     shifts = 4 * tl.arange(0, 8)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for j in range(j_start, j_end, BLOCK_W):
         words = tl.load(q_rows + (j + rj)[None, :], mask=n_ok[:, None], other=0)
         g = j // GROUP_W
@@ -288,11 +296,22 @@ def _w4_tiles_kernel(
             z = tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)
         else:
             z = tl.zeros_like(s) + ZERO_POINT
-        q = ((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000  # [BLOCK_N, BLOCK_W, 8]
-        w = (q.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None, None]) * s[:, None, None]
-        w = tl.reshape(w.to(x_ptr.dtype.element_ty), (BLOCK_N, BLOCK_W * 8))  # element 8j + i: K order
-        x = tl.load(x_rows + (8 * j + rk)[None, :], mask=m_ok[:, None], other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
+        if NIBBLE_DOTS:
+            for i in tl.static_range(8):
+                q = ((words >> (4 * i)) & 0xF) | 0x4B000000  # [BLOCK_N, BLOCK_W]: K indices 8j + 8r + i
+                w = ((q.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None]) * s[:, None]).to(
+                    x_ptr.dtype.element_ty
+                )
+                xt = tl.load(x_cols + (8 * (j + rj) + i)[:, None], mask=m_ok[None, :], other=0.0)
+                acc_t = tl.dot(w, xt, acc_t)
+        else:
+            q = ((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000  # [BLOCK_N, BLOCK_W, 8]
+            w = (q.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None, None]) * s[:, None, None]
+            w = tl.reshape(w.to(x_ptr.dtype.element_ty), (BLOCK_N, BLOCK_W * 8))  # element 8j + i: K order
+            x = tl.load(x_rows + (8 * j + rk)[None, :], mask=m_ok[:, None], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc)
+    if NIBBLE_DOTS:
+        acc = tl.trans(acc_t)
     m_tile_split_k_epilogue(
         acc,
         b_ptr,
@@ -323,18 +342,25 @@ class TiledW4Config:
     split_k: int
     num_warps: int = 4
     num_stages: int = 3
+    nibble_dots: bool = False
 
 
 def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> TiledW4Config:
-    """A first guess, not yet measured on the H200 (`benchmarks/w4a16_mid_m.py` sweeps it): 32- or 64-row
-    M tiles, 128 outputs by 128 codes, K split (for a power-of-two bucket of M, so that the variants stay
-    few) until about four programs per SM are streaming; 8 warps for 64-row tiles, whose fp32 accumulator
-    and decoded tile would crowd 4 warps' registers."""
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    """The H200 sweep's winners (`benchmarks/w4a16_mid_m.py`, sixteenth session, 7b shapes), 4 warps, 3
+    stages. 17-32 rows: 32-row tiles with the nibble dots (the weight as the MMA's wide side), 128 outputs
+    where they alone fill the SMs (gate/up) else 64, K split in four: the four layers in 264 us against 335
+    with the reshape. 33-64 rows: one 64-row tile with the reshape into K order, 128 outputs by 128 codes
+    (8 warps were 1.4-4x slower there), K split in two where the output tiles alone fill the SMs, else
+    four. Either way the decode of the codes, not the MMA, is the cost."""
     block_w = min(16, group_size // 8)
-    m_tiles = triton.cdiv(triton.next_power_of_2(m), block_m)
-    split = split_k_for(triton.cdiv(n, 128) * m_tiles, k // 8 // block_w, num_sms)
-    return TiledW4Config(block_m, 128, block_w, split, num_warps=8 if block_m >= 64 else 4)
+    nibble = m <= 32
+    block_m = 32 if nibble else 64
+    block_n = 128 if not nibble or triton.cdiv(n, 128) >= num_sms else 64
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(triton.next_power_of_2(m), block_m)
+    split = 4 if nibble or tiles < num_sms else 2
+    while split > 1 and k // 8 // block_w < 2 * split:  # every split keeps two tiles of K
+        split //= 2
+    return TiledW4Config(block_m, block_n, block_w, split, nibble_dots=nibble)
 
 
 def w4_tiled_matmul(
@@ -399,6 +425,7 @@ def w4_tiled_matmul(
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_W=cfg.block_w,
+        NIBBLE_DOTS=cfg.nibble_dots,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -100,10 +100,11 @@ class PackedLinearMethod(LinearMethod):
     paired_input = True
     # Up to this many rows (above 16), int4 weights with integer zero points go through the tiled W4A16
     # kernel (`qwick.kernels.w4a16.w4_tiled_matmul`: codes decoded once per tile, in registers) instead of
-    # dequantize-then-cuBLAS, which writes the whole layer in bf16 each call (H200, 7b gate/up at 32-256
-    # rows: 192-212 us, ~2.4x the bf16 layer's GEMM; BENCHMARKS.md, fifteenth session). 0: off, until the
-    # kernel is measured on the GPU (`bash benchmarks/gpu_session.sh int4mid`).
-    tiled_max_m = 0
+    # dequantize-then-cuBLAS, which writes the whole layer in bf16 each call. H200, 7b shapes, at 32 and
+    # 64 rows: the four layers 283 and 307 us against 388 and 415; at 128 rows gate/up and down are
+    # slower tiled (the codes are decoded again for every 64-row M tile), so 64 (BENCHMARKS.md, sixteenth
+    # session). 0: off.
+    tiled_max_m = 64
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""

@@ -191,10 +191,11 @@ class ModelRunner:
         so that Triton compiles none of them on a user's request (each compile costs 0.3-1 s of TTFT):
         the prefill attention at its launch shapes (short, long and very long queries), prefills whose
         last layer runs only the last token (decode attention outside the graphs), the fp8 mid-M GEMM's
-        two K splits (17-64 and 65-128 rows), the LM head's skinny GEMM at every decode batch size, and
+        two K splits (17-64 and 65-128 rows), int4's tiled kernel's two variants (17-32 and 33-64 rows;
+        graphs capture them only up to `max_num_seqs`), the LM head's skinny GEMM at every decode batch size, and
         the sampling kernels. Writes only to the null block."""
         t0 = time.perf_counter()
-        for tokens in (16, 17, 65, 160):
+        for tokens in (16, 17, 33, 65, 160):
             hidden = self._null_forward([min(tokens, self.max_model_len)])
             self._null_forward([min(tokens, self.max_model_len)], last_tokens_only=True)
         # The longest prompt chunk a step can hold, and the backend's deeper-pipelined launch for long ones.

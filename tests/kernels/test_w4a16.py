@@ -144,7 +144,8 @@ def test_tiled_int4_matches_reference(kind, n, k):
         configs = [
             tiled_w4_config(m, n, k, qw.group_size, ws.num_sms),
             TiledW4Config(16, 64, 16, 2),
-            TiledW4Config(32, 32, 8, 4, num_warps=2, num_stages=2),
+            TiledW4Config(32, 64, 16, 2, nibble_dots=True),
+            TiledW4Config(32, 32, 8, 4 if n <= 8192 else 2, num_warps=2, num_stages=2),  # fits the workspace
         ]
         for cfg in configs:
             for _ in range(2 if cfg.split_k > 1 else 1):

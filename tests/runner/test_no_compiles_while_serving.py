@@ -13,8 +13,13 @@ from tests.utils import make_tiny_model
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_requests_after_startup_compile_nothing(tmp_path, dtype):
+@pytest.mark.parametrize(
+    "dtype,quantization",
+    [("bfloat16", None), ("float16", None), ("bfloat16", "fp8"), ("bfloat16", "int8"), ("bfloat16", "int4")],
+)
+def test_requests_after_startup_compile_nothing(tmp_path, dtype, quantization):
+    """Every mode's kernels too: int4's four row-count paths (1, 2-16, the tiled kernel's 17-64, more),
+    the W8A8 GEMVs, split-K GEMMs and the LM head's."""
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     path = str(tmp_path / "model")
@@ -35,7 +40,9 @@ def test_requests_after_startup_compile_nothing(tmp_path, dtype):
     old = triton.knobs.runtime.jit_post_compile_hook
     triton.knobs.runtime.jit_post_compile_hook = hook
     try:
-        llm = LLM(path, dtype=dtype, device="cuda", max_model_len=8192, max_num_seqs=32)
+        llm = LLM(
+            path, dtype=dtype, device="cuda", max_model_len=8192, max_num_seqs=32, quantization=quantization
+        )
         assert compiled, "startup compiled nothing: the hook is not seeing compiles"
         compiled.clear()
         g = torch.Generator().manual_seed(0)
