@@ -1,14 +1,14 @@
-"""int4 weights at 32 <= M <= 1024 rows (decode batches of 17+, short prefills), qwen2.5-7b shapes, RTN
+"""int4 weights at 32 <= M <= 512 rows (decode batches of 17+, short prefills), qwen2.5-7b shapes, RTN
 int4 group 128 with zero points, us per call (CUDA events over 20 calls after a warm-up):
 
-- what M > 16 takes by default: one Triton kernel writing the layer in bf16, then cuBLAS;
-- the tiled W4A16 kernel (`w4_tiled_matmul`, codes decoded once per tile; `PackedLinearMethod.tiled_max_m`)
-  at its default launch shape and at the sweep's shapes (BLOCK_M x BLOCK_N x words, splits, warps, stages),
-  with the best per row;
+- dequantize-then-cuBLAS (one Triton kernel writing the layer in bf16, then cuBLAS: what M > 64 takes);
+- the tiled W4A16 kernel (`w4_tiled_matmul`, what 17-64 rows take) at its default launch shape, at the
+  best of the reshape-into-K-order shapes, and at the best of a sweep of nibble-dot shapes (BLOCK_M x
+  BLOCK_N, splits, warps, stages), with the best nibble shape printed per row;
 - with OLD=1, also the decode kernel `quant_matmul` at its M > 16 shapes (2-20x slower in the fifteenth
   session).
 
-    [OLD=1] python benchmarks/w4a16_mid_m.py
+    [OLD=1] [MS="32 64"] python benchmarks/w4a16_mid_m.py
 """
 
 import os
