@@ -159,6 +159,25 @@ def test_tiled_int4_matches_reference(kind, n, k):
     assert int(ws.counters.abs().sum()) == 0
 
 
+def test_tiled_int4_launch_shapes_follow_the_sweep():
+    """`tiled_w4_config` at the 7b shapes on 132 SMs: nibble dots on 32-row tiles up to 32 rows (128
+    outputs only where they alone fill the SMs), one 64-row reshape tile for 33-64 rows, 4 warps, and K
+    splits that leave every split two tiles of K (a 128-wide K leaves one split)."""
+    from qwick.kernels.w4a16 import tiled_w4_config
+
+    for m in (17, 32):
+        qkv, gate_up = tiled_w4_config(m, 4608, 3584, 128, 132), tiled_w4_config(m, 37888, 3584, 128, 132)
+        assert (qkv.nibble_dots, qkv.block_m, qkv.block_n, qkv.split_k) == (True, 32, 64, 4)
+        assert (gate_up.nibble_dots, gate_up.block_m, gate_up.block_n, gate_up.split_k) == (True, 32, 128, 4)
+    for m in (33, 64):
+        down, gate_up = tiled_w4_config(m, 3584, 18944, 128, 132), tiled_w4_config(m, 37888, 3584, 128, 132)
+        assert (down.nibble_dots, down.block_m, down.block_n, down.split_k) == (False, 64, 128, 4)
+        assert (gate_up.nibble_dots, gate_up.block_m, gate_up.split_k) == (False, 64, 2)
+    assert {tiled_w4_config(m, 3584, 3584, 128, 132).num_warps for m in (17, 40)} == {4}
+    assert tiled_w4_config(20, 512, 128, 128, 132).split_k == 1
+    assert tiled_w4_config(20, 512, 512, 64, 132).block_w == 8  # a group of 64 codes is 8 words
+
+
 def test_tiled_int4_refuses_what_it_cannot_take():
     from qwick.kernels.w4a16 import TiledW4Config, w4_tiled_matmul
 
