@@ -12,7 +12,8 @@ its logits differ from the reference by that as well.
 Beside the bf16 reference, transformers in fp32 on the same weights is the yardstick (REF32=0 skips it):
 over our greedy tokens, both qwick's and transformers' own bf16 log-probabilities are compared with the
 fp32 ones, so that qwick's error reads against what bf16 costs transformers itself. SHAPE=qwen2.5-0.5b
-runs a smaller shape. GPU only: on CPUs qwick repacks bf16 weights, which cannot be exported."""
+runs a smaller shape; BATCH=24 generates 24 prompts of 16-199 tokens at once (int4's tiled kernel serves
+17-64-row steps). GPU only: on CPUs qwick repacks bf16 weights, which cannot be exported."""
 
 import os
 import sys
@@ -42,7 +43,10 @@ ref32 = (
     transformers_on_our_weights(model, torch.float32, device) if os.environ.get("REF32", "1") == "1" else None
 )
 g = torch.Generator().manual_seed(3)
-prompts = [torch.randint(100, 150000, (n,), generator=g).tolist() for n in (16, 128, 700)]
+lengths = (16, 128, 700)
+if os.environ.get("BATCH"):  # this many prompts at once: decode steps take that many rows
+    lengths = tuple(int(x) for x in torch.randint(16, 200, (int(os.environ["BATCH"]),), generator=g))
+prompts = [torch.randint(100, 150000, (n,), generator=g).tolist() for n in lengths]
 settings = [True, False] if os.environ.get("ALL_ROWS") == "1" else [True]
 runs = []
 for rows_only in settings:  # the last layer for the sampling tokens only (the default), or for all
