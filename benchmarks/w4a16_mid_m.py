@@ -1,14 +1,16 @@
-"""int4 weights at 32 <= M <= 512 rows (decode batches of 17+, short prefills), qwen2.5-7b shapes, RTN
-int4 group 128 with zero points, us per call (CUDA events over 20 calls after a warm-up):
+"""int4 weights at 2 <= M <= 512 rows (decode batches, short prefills), qwen2.5-7b shapes, RTN int4 group
+128 with zero points, us per call (CUDA events over 20 calls after a warm-up):
 
 - dequantize-then-cuBLAS (one Triton kernel writing the layer in bf16, then cuBLAS: what M > 64 takes);
-- the tiled W4A16 kernel (`w4_tiled_matmul`, what 17-64 rows take) at its default launch shape, at the
-  best of the reshape-into-K-order shapes, and at the best of a sweep of nibble-dot shapes (BLOCK_M x
-  BLOCK_N, splits, warps, stages), with the best nibble shape printed per row;
+- "default": what the layer runs for these rows (`production`: the decode kernel `quant_matmul` at 2-16,
+  the tiled kernel's default launch shape at 17-64, dequantize-then-cuBLAS above);
+- the tiled W4A16 kernel (`w4_tiled_matmul`) at the best of the reshape-into-K-order shapes and at the
+  best of a sweep of nibble-dot shapes (BLOCK_M x BLOCK_N x words, splits, warps, stages; 16-row tiles
+  only up to 16 rows), with the best nibble shape printed per row;
 - with OLD=1, also the decode kernel `quant_matmul` at its M > 16 shapes (2-20x slower in the fifteenth
   session).
 
-    [OLD=1] [MS="32 64"] python benchmarks/w4a16_mid_m.py
+    [OLD=1] [MS="2 4 8 16"] python benchmarks/w4a16_mid_m.py   # MS: default "32 64 128 256 512"
 """
 
 import os
@@ -31,11 +33,11 @@ OLD = {  # the decode kernel's launch shapes for M > 16
 RESHAPE = [TiledW4Config(64, 128, 16, split) for split in (1, 2, 4)]  # the 15th session's sweep's best
 NIBBLE = [
     TiledW4Config(bm, bn, 16, split, warps, stages, nibble_dots=True)
-    for bm in (32, 64, 128)
+    for bm in (16, 32, 64, 128)
     for bn in (64, 128)
     for split in (1, 2, 4)
     for warps, stages in ((4, 3), (4, 4), (8, 3))
-]
+] + [TiledW4Config(bm, 128, 8, split, nibble_dots=True) for bm in (16, 32) for split in (2, 4)]
 
 
 def _us(fn, iters: int = 20) -> float:
@@ -50,6 +52,17 @@ def _us(fn, iters: int = 20) -> float:
     return 1000 * start.elapsed_time(end) / iters
 
 
+def production(x: torch.Tensor, w) -> torch.Tensor:
+    """What `PackedLinearMethod` runs for these rows (2-16: the decode kernel; 17-64: the tiled kernel's
+    default; more: dequantize, then cuBLAS)."""
+    m = x.shape[0]
+    if m <= 16:
+        return quant_matmul(x, w, None, ws)
+    if m <= 64:
+        return w4_tiled_matmul(x, w, None, ws)
+    return F.linear(x, dequantize_int4(w, x.dtype))
+
+
 ws = GemvWorkspace(torch.device("cuda"), max_elems=1 << 24)
 torch.manual_seed(0)
 old = OLD if os.environ.get("OLD") == "1" else {}
@@ -62,7 +75,7 @@ print(f" {'reshape':>8} {'nibble':>8}  best nibble launch shape, rel. diff", flu
 def _best(configs, m, x, weight):
     best = (float("inf"), None)
     for cfg in configs:
-        if cfg.block_m > 2 * m:
+        if cfg.block_m > max(16, 2 * m) or (cfg.block_m == 16 and m > 16):
             continue
         try:
             us = _us(lambda c=cfg, x=x, w=weight: w4_tiled_matmul(x, w, None, ws, c))
@@ -79,7 +92,7 @@ for name, (n, k) in SHAPES.items():
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = F.linear(x, dequantize_int4(weight, x.dtype))
         dq = _us(lambda x=x, w=weight: F.linear(x, dequantize_int4(w, x.dtype)))
-        tiled = _us(lambda x=x, w=weight: w4_tiled_matmul(x, w, None, ws))
+        default = _us(lambda x=x, w=weight: production(x, w))
         cells = []
         for cfg in old.values():
             cells.append(f"{_us(lambda c=cfg, x=x, w=weight: quant_matmul(x, w, None, ws, c)):9.1f}")
@@ -87,9 +100,8 @@ for name, (n, k) in SHAPES.items():
         y = w4_tiled_matmul(x, weight, None, ws, nibble[1])
         diff = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
         print(
-            f"{name:>8} {m:>5} {dq:15.1f} {tiled:8.1f} "
+            f"{name:>8} {m:>5} {dq:15.1f} {default:8.1f} "
             + " ".join(cells)
-            + f" {reshape[0]:8.1f} {nibble[0]:8.1f}"
-            f"  {nibble[1]}, {diff:.1e}",
+            + f" {reshape[0]:8.1f} {nibble[0]:8.1f}  {nibble[1]}, {diff:.1e}",
             flush=True,
         )
