@@ -5,7 +5,7 @@
 - "default": what the layer runs for these rows (`production`: the decode kernel `quant_matmul` at 2-16,
   the tiled kernel's default launch shape at 17-64, dequantize-then-cuBLAS above);
 - the tiled W4A16 kernel (`w4_tiled_matmul`) at the best of the reshape-into-K-order shapes and at the
-  best of a sweep of nibble-dot shapes (BLOCK_M x BLOCK_N x words, splits, warps, stages; 16-row tiles
+  best of a sweep of nibble-dot shapes (BLOCK_M x BLOCK_N, splits, warps, stages; 16-row tiles
   only up to 16 rows), with the best nibble shape printed per row;
 - with OLD=1, also the decode kernel `quant_matmul` at its M > 16 shapes (2-20x slower in the fifteenth
   session).
@@ -37,7 +37,7 @@ NIBBLE = [
     for bn in (64, 128)
     for split in (1, 2, 4)
     for warps, stages in ((4, 3), (4, 4), (8, 3))
-] + [TiledW4Config(bm, 128, 8, split, nibble_dots=True) for bm in (16, 32) for split in (2, 4)]
+]
 
 
 def _us(fn, iters: int = 20) -> float:

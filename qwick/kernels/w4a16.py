@@ -353,7 +353,7 @@ def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> Ti
     (8 warps were 1.4-4x slower there), K split in two where the output tiles alone fill the SMs, else
     four. Either way the decode of the codes, not the MMA, is the cost."""
     block_w = min(16, group_size // 8)
-    nibble = m <= 32
+    nibble = m <= 32 and block_w == 16  # a nibble's dot has K = block_w, and tl.dot needs 16
     block_m = 32 if nibble else 64
     block_n = 128 if not nibble or triton.cdiv(n, 128) >= num_sms else 64
     tiles = triton.cdiv(n, block_n) * triton.cdiv(triton.next_power_of_2(m), block_m)
@@ -391,6 +391,8 @@ def w4_tiled_matmul(
     group_w, kw = weight.group_size // 8, k // 8
     if group_w % cfg.block_w or kw % cfg.block_w:
         raise ValueError(f"tiles of {cfg.block_w} words must divide groups of {group_w} and rows of {kw}")
+    if cfg.nibble_dots and cfg.block_w < 16:
+        raise ValueError(f"nibble dots multiply K = {cfg.block_w} per dot; tl.dot needs 16 (16-word tiles)")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y

@@ -175,7 +175,8 @@ def test_tiled_int4_launch_shapes_follow_the_sweep():
         assert (gate_up.nibble_dots, gate_up.block_m, gate_up.split_k) == (False, 64, 2)
     assert {tiled_w4_config(m, 3584, 3584, 128, 132).num_warps for m in (17, 40)} == {4}
     assert tiled_w4_config(20, 512, 128, 128, 132).split_k == 1
-    assert tiled_w4_config(20, 512, 512, 64, 132).block_w == 8  # a group of 64 codes is 8 words
+    group64 = tiled_w4_config(20, 512, 512, 64, 132)  # a group of 64 codes is 8 words: too short a dot
+    assert (group64.block_w, group64.nibble_dots) == (8, False)
 
 
 def test_tiled_int4_refuses_what_it_cannot_take():
@@ -189,5 +190,7 @@ def test_tiled_int4_refuses_what_it_cannot_take():
         w4_tiled_matmul(x.float(), qw, None, ws)
     with pytest.raises(ValueError, match="must divide groups"):
         w4_tiled_matmul(x, qw, None, ws, TiledW4Config(32, 64, 32, 1))  # 32 words > a 16-word group
+    with pytest.raises(ValueError, match="tl.dot needs 16"):
+        w4_tiled_matmul(x, qw, None, ws, TiledW4Config(32, 64, 8, 1, nibble_dots=True))
     with pytest.raises(ValueError, match="x \\[M, 512\\]"):
         w4_tiled_matmul(x[:, :256], qw, None, ws)
