@@ -58,6 +58,8 @@ def _weight(kind: str, n: int, k: int, dev: torch.device) -> QuantizedWeight:
     w = torch.randn(n, k, generator=gen) / k**0.5
     if kind == "rtn-asym":
         return rtn.quantize(w.to(dev))
+    if kind == "rtn-g64":
+        return rtn.quantize(w.to(dev), 64, 4)
     order = torch.randperm(k, generator=gen)
     return gptq.to_internal(**gptq.quantize(w, 128, sym=True, act_order=order)).to(dev)
 
@@ -128,7 +130,7 @@ TILED_MS = [17, 40, 100] if not INTERPRET else [17, 33]
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("kind", ["rtn-asym", "gptq-act-order"])
+@pytest.mark.parametrize("kind", ["rtn-asym", "gptq-act-order", "rtn-g64"])
 def test_tiled_int4_matches_reference(kind, n, k):
     """`w4_tiled_matmul` (int4 at 17+ rows): the default launch shape, forced K splits (twice, over the
     self-reset counters) and other M tiles, against the float64 product of the same rounded weights."""
@@ -143,10 +145,10 @@ def test_tiled_int4_matches_reference(kind, n, k):
     for m in TILED_MS:
         configs = [
             tiled_w4_config(m, n, k, qw.group_size, ws.num_sms),
-            TiledW4Config(16, 64, 16, 2),
-            TiledW4Config(32, 64, 16, 2, nibble_dots=True),
             TiledW4Config(32, 32, 8, 4 if n <= 8192 else 2, num_warps=2, num_stages=2),  # fits the workspace
         ]
+        if qw.group_size >= 128:  # 16-word tiles (groups of 64 codes are 8 words)
+            configs += [TiledW4Config(16, 64, 16, 2), TiledW4Config(32, 64, 16, 2, nibble_dots=True)]
         for cfg in configs:
             for _ in range(2 if cfg.split_k > 1 else 1):
                 x = torch.randn(m, k, device=dev, dtype=dtype)
