@@ -51,7 +51,7 @@
 #   bash benchmarks/gpu_session.sh int4mid   # int4 at 17+ rows: the tiled W4A16 kernel's tests, layer
 #                                            # sweep; int4mid_e2e: 64 concurrent requests and the
 #                                            # 128-token TTFT with it and without
-#   bash benchmarks/gpu_session.sh int4small # the nibble-dot tiled kernel at 2-32 rows vs the decode kernel
+#   bash benchmarks/gpu_session.sh int4tiles # the tiled kernel's variants at 8-128 rows (pipelined x too)
 #   bash benchmarks/gpu_session.sh w3kv      # workload 3: bf16, fp8, fp8 with an fp8 KV cache
 #   bash benchmarks/gpu_session.sh lmhead    # the LM head quantized too (`--quantize-lm-head`): its
 #                                            # GPU tests, batch 1 per mode with it and without, fp8 workload 3
@@ -419,9 +419,10 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
     python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_mid_m.log" | grep -v -i warn
     ;;
-  int4small)  # the nibble-dot tiled kernel at 2-32 rows against the decode kernel (`quant_matmul`) that
-    # serves 2-16 rows
-    MS="2 4 8 16 32" python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_small_m.log" | grep -v -i warn
+  int4tiles)  # the tiled kernel's variants (reshape, nibble dots, nibble dots with x permuted first:
+    # `pipelined`) at 8-128 rows beside what the layer runs now; first their GPU tests
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py -k tiled 2>&1 | tail -2
+    MS="8 16 32 64 128" python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_tiles.log" | grep -v -i warn
     ;;
   int4mid_e2e)  # the second call of int4mid: 64 and 32 concurrent requests with the tiled kernel (the
     # default up to 64 rows) and without (and bf16), and batch 1 (the TTFT of a 128-token prompt) with it
@@ -454,7 +455,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4small" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles" >&2
     exit 2
     ;;
 esac

@@ -4,9 +4,10 @@
 - dequantize-then-cuBLAS (one Triton kernel writing the layer in bf16, then cuBLAS: what M > 64 takes);
 - "default": what the layer runs for these rows (`production`: the decode kernel `quant_matmul` at 2-16,
   the tiled kernel's default launch shape at 17-64, dequantize-then-cuBLAS above);
-- the tiled W4A16 kernel (`w4_tiled_matmul`) at the best of the reshape-into-K-order shapes and at the
-  best of a sweep of nibble-dot shapes (BLOCK_M x BLOCK_N, splits, warps, stages; 16-row tiles
-  only up to 16 rows), with the best nibble shape printed per row;
+- the tiled W4A16 kernel (`w4_tiled_matmul`) at the best of the reshape-into-K-order shapes, and at the
+  best of a sweep of nibble-dot shapes (BLOCK_M x BLOCK_N, splits, stages; 16-row tiles only up to 16
+  rows) with x gathered per nibble and with x permuted first (`pipelined`), with the best pipelined
+  shape printed per row;
 - with OLD=1, also the decode kernel `quant_matmul` at its M > 16 shapes (2-20x slower in the fifteenth
   session).
 
@@ -31,13 +32,16 @@ OLD = {  # the decode kernel's launch shapes for M > 16
     "old bm32": QuantGemvConfig(128, 128, 1, num_warps=4, num_stages=3, block_m=32),
 }
 RESHAPE = [TiledW4Config(64, 128, 16, split) for split in (1, 2, 4)]  # the 15th session's sweep's best
-NIBBLE = [
-    TiledW4Config(bm, bn, 16, split, warps, stages, nibble_dots=True)
-    for bm in (16, 32, 64, 128)
-    for bn in (64, 128)
-    for split in (1, 2, 4)
-    for warps, stages in ((4, 3), (4, 4), (8, 3))
-]
+NIBBLE, PIPELINED = (
+    [
+        TiledW4Config(bm, bn, 16, split, 4, stages, nibble_dots=True, pipelined=pipelined)
+        for bm in (16, 32, 64)
+        for bn in (64, 128)
+        for split in (2, 4)
+        for stages in (3, 4)
+    ]
+    for pipelined in (False, True)
+)
 
 
 def _us(fn, iters: int = 20) -> float:
@@ -69,7 +73,7 @@ old = OLD if os.environ.get("OLD") == "1" else {}
 print(
     f"{'layer':>8} {'M':>5} {'dequant+cuBLAS':>15} {'default':>8} " + " ".join(f"{n:>9}" for n in old), end=""
 )
-print(f" {'reshape':>8} {'nibble':>8}  best nibble launch shape, rel. diff", flush=True)
+print(f" {'reshape':>8} {'nibble':>8} {'pipelined':>9}  best pipelined launch shape, rel. diff", flush=True)
 
 
 def _best(configs, m, x, weight):
@@ -97,11 +101,12 @@ for name, (n, k) in SHAPES.items():
         for cfg in old.values():
             cells.append(f"{_us(lambda c=cfg, x=x, w=weight: quant_matmul(x, w, None, ws, c)):9.1f}")
         reshape, nibble = _best(RESHAPE, m, x, weight), _best(NIBBLE, m, x, weight)
-        y = w4_tiled_matmul(x, weight, None, ws, nibble[1])
+        pipelined = _best(PIPELINED, m, x, weight)
+        y = w4_tiled_matmul(x, weight, None, ws, pipelined[1])
         diff = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
         print(
             f"{name:>8} {m:>5} {dq:15.1f} {default:8.1f} "
             + " ".join(cells)
-            + f" {reshape[0]:8.1f} {nibble[0]:8.1f}  {nibble[1]}, {diff:.1e}",
+            + f" {reshape[0]:8.1f} {nibble[0]:8.1f} {pipelined[0]:9.1f}  {pipelined[1]}, {diff:.1e}",
             flush=True,
         )

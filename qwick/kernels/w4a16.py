@@ -254,6 +254,7 @@ def _w4_tiles_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
     NIBBLE_DOTS: tl.constexpr,
+    PIPELINED: tl.constexpr,
 ):
     """y = x @ W.T (+ b) for int4 W with integer zero points, [BLOCK_M, BLOCK_N] output tiles, K in tiles
     of BLOCK_W words inside one group (one scale and zero point per row and tile). A tile's codes are
@@ -266,7 +267,13 @@ def _w4_tiles_kernel(
     NIBBLE_DOTS: no reshape of the decoded tile into K order; instead nibble i of the tile's words (K
     indices 8j + i) is one [BLOCK_N, BLOCK_W] operand, multiplied with the matching strided columns of x
     in its own K = BLOCK_W dot, with the weight as the MMA's first operand (y^T = W x^T, so few rows are
-    the MMA's narrow side)."""
+    the MMA's narrow side).
+
+    PIPELINED (with NIBBLE_DOTS): x comes permuted, nibble-major inside each tile of BLOCK_W words (column
+    8 * BLOCK_W * t + BLOCK_W * i + r holds x's column 8 * BLOCK_W * t + 8 * r + i), so nibble i's columns
+    are one contiguous slice that Triton's pipeliner copies into shared memory asynchronously (the strided
+    gather above is a synchronous load per nibble); and the scales and zero points are loaded one tile
+    ahead."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2).to(tl.int64)  # the epilogue's offsets grow with M * N
@@ -288,21 +295,35 @@ def _w4_tiles_kernel(
     shifts = 4 * tl.arange(0, 8)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    first_ok = n_ok & (j_start + 0 * rn < j_end)  # a split can be empty (K tiles vs splits)
+    s_next = tl.load(s_rows + j_start // GROUP_W, mask=first_ok, other=0.0)
+    z_next = tl.load(z_rows + j_start // GROUP_W, mask=first_ok, other=0) if ZERO_MODE == 1 else s_next
     for j in range(j_start, j_end, BLOCK_W):
         words = tl.load(q_rows + (j + rj)[None, :], mask=n_ok[:, None], other=0)
-        g = j // GROUP_W
-        s = tl.load(s_rows + g, mask=n_ok, other=0.0).to(tl.float32)
-        if ZERO_MODE == 1:
-            z = tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)
+        if PIPELINED:  # this tile's scales were loaded an iteration ago; load the next tile's
+            s = s_next.to(tl.float32)
+            z = z_next.to(tl.float32) if ZERO_MODE == 1 else tl.zeros_like(s) + ZERO_POINT
+            g_next = tl.minimum(j + BLOCK_W, j_end - 1) // GROUP_W
+            s_next = tl.load(s_rows + g_next, mask=n_ok, other=0.0)
+            if ZERO_MODE == 1:
+                z_next = tl.load(z_rows + g_next, mask=n_ok, other=0)
         else:
-            z = tl.zeros_like(s) + ZERO_POINT
+            g = j // GROUP_W
+            s = tl.load(s_rows + g, mask=n_ok, other=0.0).to(tl.float32)
+            if ZERO_MODE == 1:
+                z = tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)
+            else:
+                z = tl.zeros_like(s) + ZERO_POINT
         if NIBBLE_DOTS:
             for i in tl.static_range(8):
                 q = ((words >> (4 * i)) & 0xF) | 0x4B000000  # [BLOCK_N, BLOCK_W]: K indices 8j + 8r + i
                 w = ((q.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None]) * s[:, None]).to(
                     x_ptr.dtype.element_ty
                 )
-                xt = tl.load(x_cols + (8 * (j + rj) + i)[:, None], mask=m_ok[None, :], other=0.0)
+                if PIPELINED:
+                    xt = tl.load(x_cols + (8 * j + BLOCK_W * i + rj)[:, None], mask=m_ok[None, :], other=0.0)
+                else:
+                    xt = tl.load(x_cols + (8 * (j + rj) + i)[:, None], mask=m_ok[None, :], other=0.0)
                 acc_t = tl.dot(w, xt, acc_t)
         else:
             q = ((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000  # [BLOCK_N, BLOCK_W, 8]
@@ -343,6 +364,7 @@ class TiledW4Config:
     num_warps: int = 4
     num_stages: int = 3
     nibble_dots: bool = False
+    pipelined: bool = False  # with nibble_dots: x permuted first, its tiles and the scales load ahead
 
 
 def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> TiledW4Config:
@@ -371,9 +393,8 @@ def w4_tiled_matmul(
     config: TiledW4Config | None = None,
 ) -> torch.Tensor:
     """`x @ W.T + bias` for x [M, K] bf16/fp16 and an int4 weight with integer zero points in groups of
-    64-256 (AWQ, GPTQ, RTN: `row_gemv.w4_row_supported`), through `_w4_tiles_kernel`: meant for the
-    17-512 rows between the decode kernels and dequantize-then-cuBLAS (off until measured:
-    `PackedLinearMethod.tiled_max_m`)."""
+    64-256 (AWQ, GPTQ, RTN: `row_gemv.w4_row_supported`), through `_w4_tiles_kernel`: the 17-64 rows
+    between the decode kernels and dequantize-then-cuBLAS (`PackedLinearMethod.tiled_max_m`)."""
     m, k = x.shape
     n, wk = weight.shape
     if wk != k or weight.bits != 4 or weight.mins is not None or weight.group_size not in (64, 128, 256):
@@ -393,6 +414,10 @@ def w4_tiled_matmul(
         raise ValueError(f"tiles of {cfg.block_w} words must divide groups of {group_w} and rows of {kw}")
     if cfg.nibble_dots and cfg.block_w < 16:
         raise ValueError(f"nibble dots multiply K = {cfg.block_w} per dot; tl.dot needs 16 (16-word tiles)")
+    if cfg.pipelined and not cfg.nibble_dots:
+        raise ValueError("pipelined x tiles are for nibble dots")
+    if cfg.pipelined:  # nibble-major inside each tile: one copy of x ([M, K], small beside the weight)
+        x = x.view(m, k // (8 * cfg.block_w), cfg.block_w, 8).transpose(2, 3).reshape(m, k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
@@ -428,6 +453,7 @@ def w4_tiled_matmul(
         BLOCK_N=cfg.block_n,
         BLOCK_W=cfg.block_w,
         NIBBLE_DOTS=cfg.nibble_dots,
+        PIPELINED=cfg.pipelined,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

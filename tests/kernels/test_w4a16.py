@@ -148,7 +148,12 @@ def test_tiled_int4_matches_reference(kind, n, k):
             TiledW4Config(32, 32, 8, 4 if n <= 8192 else 2, num_warps=2, num_stages=2),  # fits the workspace
         ]
         if qw.group_size >= 128:  # 16-word tiles (groups of 64 codes are 8 words)
-            configs += [TiledW4Config(16, 64, 16, 2), TiledW4Config(32, 64, 16, 2, nibble_dots=True)]
+            configs += [
+                TiledW4Config(16, 64, 16, 2),
+                TiledW4Config(32, 64, 16, 2, nibble_dots=True),
+                TiledW4Config(16, 64, 16, 4, nibble_dots=True, pipelined=True),
+                TiledW4Config(32, 128, 16, 1, nibble_dots=True, pipelined=True),
+            ]
         for cfg in configs:
             for _ in range(2 if cfg.split_k > 1 else 1):
                 x = torch.randn(m, k, device=dev, dtype=dtype)
@@ -192,6 +197,8 @@ def test_tiled_int4_refuses_what_it_cannot_take():
         w4_tiled_matmul(x.float(), qw, None, ws)
     with pytest.raises(ValueError, match="must divide groups"):
         w4_tiled_matmul(x, qw, None, ws, TiledW4Config(32, 64, 32, 1))  # 32 words > a 16-word group
+    with pytest.raises(ValueError, match="for nibble dots"):
+        w4_tiled_matmul(x, qw, None, ws, TiledW4Config(32, 64, 16, 1, pipelined=True))
     with pytest.raises(ValueError, match="tl.dot needs 16"):
         w4_tiled_matmul(x, qw, None, ws, TiledW4Config(32, 64, 8, 1, nibble_dots=True))
     with pytest.raises(ValueError, match="x \\[M, 512\\]"):
