@@ -43,6 +43,7 @@ COUNTED = [
     "mul.f16x2",
     "mma.sync",
     "wgmma.mma_async",
+    "wgmma.wait_group",
 ]
 SASS_COUNTED = ["LDG", "LDS", "LDSM", "STS", "LDGSTS", "BAR", "F2F", "F2FP", "PRMT", "HMMA", "HGMMA", "MUFU"]
 _STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_cb", "stride_cs", "stride_ch")

@@ -228,6 +228,14 @@ def quant_matmul(
     return y
 
 
+@triton.jit
+def _decode_nibble(words, i: tl.constexpr, z, s, dtype: tl.constexpr):
+    """Nibble i of every word of [BLOCK_N, BLOCK_W] `words`, as `_w4_tiles_kernel` decodes codes: exact
+    (q - z) in fp32 through the bits `q | 0x4B000000`, times the row's scale, rounded once to `dtype`."""
+    q = ((words >> (4 * i)) & 0xF) | 0x4B000000
+    return ((q.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None]) * s[:, None]).to(dtype)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _w4_tiles_kernel(
     x_ptr,
@@ -269,11 +277,12 @@ def _w4_tiles_kernel(
     in its own K = BLOCK_W dot, with the weight as the MMA's first operand (y^T = W x^T, so few rows are
     the MMA's narrow side).
 
-    PIPELINED (with NIBBLE_DOTS): x comes permuted, nibble-major inside each tile of BLOCK_W words (column
-    8 * BLOCK_W * t + BLOCK_W * i + r holds x's column 8 * BLOCK_W * t + 8 * r + i), so nibble i's columns
-    are one contiguous slice that Triton's pipeliner copies into shared memory asynchronously (the strided
-    gather above is a synchronous load per nibble); and the scales and zero points are loaded one tile
-    ahead."""
+    PIPELINED (with NIBBLE_DOTS): nibbles p and p + 4 of each word side by side, one [BLOCK_N, 2 BLOCK_W]
+    operand per p (4 dots per tile; `tl.join` keeps the pairs in the registers the MMA reads, sm_90 code
+    shows no shared-memory round trip), and x comes permuted to match (inside each tile of BLOCK_W words,
+    column 2 BLOCK_W p + 2r + h holds x's column 8r + p + 4h), so each dot's x is one contiguous slice
+    that Triton's pipeliner copies into shared memory asynchronously (the strided gather above is a
+    synchronous load per nibble); and the scales and zero points are loaded one tile ahead."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2).to(tl.int64)  # the epilogue's offsets grow with M * N
@@ -292,6 +301,7 @@ def _w4_tiles_kernel(
     x_cols = x_ptr + (pid_m * BLOCK_M + rm).to(tl.int64)[None, :] * stride_xm  # x^T's columns
     rj = tl.arange(0, BLOCK_W)
     rk = tl.arange(0, BLOCK_W * 8)
+    rk2 = tl.arange(0, BLOCK_W * 2)
     shifts = 4 * tl.arange(0, 8)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -314,16 +324,17 @@ def _w4_tiles_kernel(
                 z = tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)
             else:
                 z = tl.zeros_like(s) + ZERO_POINT
-        if NIBBLE_DOTS:
+        if NIBBLE_DOTS and PIPELINED:  # nibbles p and p + 4 of each word side by side in K: 4 dots
+            for p in tl.static_range(4):
+                lo = _decode_nibble(words, p, z, s, x_ptr.dtype.element_ty)
+                hi = _decode_nibble(words, p + 4, z, s, x_ptr.dtype.element_ty)
+                w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * BLOCK_W))  # column 2r + h: K 8r + p + 4h
+                xt = tl.load(x_cols + (8 * j + 2 * BLOCK_W * p + rk2)[:, None], mask=m_ok[None, :], other=0.0)
+                acc_t = tl.dot(w, xt, acc_t)
+        elif NIBBLE_DOTS:
             for i in tl.static_range(8):
-                q = ((words >> (4 * i)) & 0xF) | 0x4B000000  # [BLOCK_N, BLOCK_W]: K indices 8j + 8r + i
-                w = ((q.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None]) * s[:, None]).to(
-                    x_ptr.dtype.element_ty
-                )
-                if PIPELINED:
-                    xt = tl.load(x_cols + (8 * j + BLOCK_W * i + rj)[:, None], mask=m_ok[None, :], other=0.0)
-                else:
-                    xt = tl.load(x_cols + (8 * (j + rj) + i)[:, None], mask=m_ok[None, :], other=0.0)
+                w = _decode_nibble(words, i, z, s, x_ptr.dtype.element_ty)  # [BLOCK_N, BLOCK_W]: K 8r + i
+                xt = tl.load(x_cols + (8 * (j + rj) + i)[:, None], mask=m_ok[None, :], other=0.0)
                 acc_t = tl.dot(w, xt, acc_t)
         else:
             q = ((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000  # [BLOCK_N, BLOCK_W, 8]
@@ -416,8 +427,8 @@ def w4_tiled_matmul(
         raise ValueError(f"nibble dots multiply K = {cfg.block_w} per dot; tl.dot needs 16 (16-word tiles)")
     if cfg.pipelined and not cfg.nibble_dots:
         raise ValueError("pipelined x tiles are for nibble dots")
-    if cfg.pipelined:  # nibble-major inside each tile: one copy of x ([M, K], small beside the weight)
-        x = x.view(m, k // (8 * cfg.block_w), cfg.block_w, 8).transpose(2, 3).reshape(m, k)
+    if cfg.pipelined:  # K 8r + 4h + p to 2 BLOCK_W p + 2r + h in each tile: one copy of the small x
+        x = x.view(m, k // (8 * cfg.block_w), cfg.block_w, 2, 4).permute(0, 1, 4, 2, 3).reshape(m, k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
