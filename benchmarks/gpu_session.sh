@@ -52,6 +52,7 @@
 #                                            # sweep; int4mid_e2e: 64 concurrent requests and the
 #                                            # 128-token TTFT with it and without
 #   bash benchmarks/gpu_session.sh int4tiles # the tiled kernel's variants at 8-128 rows (pipelined x too)
+#   bash benchmarks/gpu_session.sh int4small_e2e  # 8 and 16 concurrent requests, 2-16 rows tiled or not
 #   bash benchmarks/gpu_session.sh w3kv      # workload 3: bf16, fp8, fp8 with an fp8 KV cache
 #   bash benchmarks/gpu_session.sh lmhead    # the LM head quantized too (`--quantize-lm-head`): its
 #                                            # GPU tests, batch 1 per mode with it and without, fp8 workload 3
@@ -424,6 +425,17 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py -k tiled 2>&1 | tail -2
     MS="8 16 32 64 128" python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_tiles.log" | grep -v -i warn
     ;;
+  int4small_e2e)  # 2-16 rows through the tiled kernel (`tiled_min_m = 2`) against `quant_matmul` (the
+    # default): 16 and 8 concurrent requests, one process per run
+    SMALL="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.tiled_min_m = 2; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    T="bench throughput --shape qwen2.5-7b --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 1"
+    for n in 16 8; do
+      run t${n}_int4 $CLI $T --num-prompts $n --quantization int4 --output-json "$OUT/t${n}_int4.json"
+      run t${n}_int4_small python -c "$SMALL" $T --num-prompts $n --quantization int4 \
+        --output-json "$OUT/t${n}_int4_small.json"
+    done
+    ;;
   int4mid_e2e)  # the second call of int4mid: 64 and 32 concurrent requests with the tiled kernel (the
     # default up to 64 rows) and without (and bf16), and batch 1 (the TTFT of a 128-token prompt) with it
     # and without, one process per run
@@ -455,7 +467,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e" >&2
     exit 2
     ;;
 esac

@@ -384,8 +384,13 @@ def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> Ti
     where they alone fill the SMs (gate/up) else 64, K split in four: the four layers in 264 us against 335
     with the reshape. 33-64 rows: one 64-row tile with the reshape into K order, 128 outputs by 128 codes
     (8 warps were 1.4-4x slower there), K split in two where the output tiles alone fill the SMs, else
-    four. Either way the decode of the codes, not the MMA, is the cost."""
+    four. Either way the decode of the codes, not the MMA, is the cost. 2-16 rows (off by default:
+    `PackedLinearMethod.tiled_min_m`): one 16-row tile of the pipelined nibble-pair dots, a guess."""
     block_w = min(16, group_size // 8)
+    if m <= 16 and block_w == 16:  # not measured yet (`PackedLinearMethod.tiled_min_m`): one shape for all
+        block_n = 128 if triton.cdiv(n, 128) >= num_sms else 64
+        split = 4 if k // 8 // block_w >= 8 else 1
+        return TiledW4Config(16, block_n, block_w, split, nibble_dots=True, pipelined=True)
     nibble = m <= 32 and block_w == 16  # a nibble's dot has K = block_w, and tl.dot needs 16
     block_m = 32 if nibble else 64
     block_n = 128 if not nibble or triton.cdiv(n, 128) >= num_sms else 64

@@ -105,6 +105,11 @@ class PackedLinearMethod(LinearMethod):
     # slower tiled (the codes are decoded again for every 64-row M tile), so 64 (BENCHMARKS.md, sixteenth
     # session). 0: off.
     tiled_max_m = 64
+    # From how many rows it does: 17, or 2 to take the 2-16 rows from `quant_matmul` too (groups of 128+
+    # codes: 16-row tiles of nibble-pair dots, `tiled_w4_config`). The sm_90 code of `quant_matmul` at 16
+    # rows gathers x per nibble from global memory and round-trips the decoded weights through shared
+    # memory (`benchmarks/ptx_counts.py`); not yet timed against it (`gpu_session.sh int4tiles`), so 17.
+    tiled_min_m = 17
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
@@ -201,9 +206,10 @@ class PackedLinearMethod(LinearMethod):
             return w4_half2_gemv(x, weight, layer.bias, self.workspace)
         if m == 1 and fast:
             return w4_row_gemv(x, weight, layer.bias, self.workspace)
-        if 0 < m <= 16:
+        tiled = fast and self.tiled_min_m <= m <= self.tiled_max_m
+        if 0 < m <= 16 and not (tiled and weight.group_size >= 128):
             return quant_matmul(x, weight, layer.bias, self.workspace)
-        if fast and 16 < m <= self.tiled_max_m:
+        if tiled:
             return w4_tiled_matmul(x, weight, layer.bias, self.workspace)
         if fast and m > 0:
             if weight.perm is not None:  # act-order: K is stored grouped; gather x to match

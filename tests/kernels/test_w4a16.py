@@ -182,6 +182,9 @@ def test_tiled_int4_launch_shapes_follow_the_sweep():
         assert (gate_up.nibble_dots, gate_up.block_m, gate_up.split_k) == (False, 64, 2)
     assert {tiled_w4_config(m, 3584, 3584, 128, 132).num_warps for m in (17, 40)} == {4}
     assert tiled_w4_config(20, 512, 128, 128, 132).split_k == 1
+    for m in (2, 16):  # one launch shape for 2-16 rows (graphs and startup compile one variant)
+        small = tiled_w4_config(m, 4608, 3584, 128, 132)
+        assert (small.block_m, small.block_n, small.nibble_dots, small.pipelined) == (16, 64, True, True)
     group64 = tiled_w4_config(20, 512, 512, 64, 132)  # a group of 64 codes is 8 words: too short a dot
     assert (group64.block_w, group64.nibble_dots) == (8, False)
 

@@ -276,19 +276,22 @@ def _kernels_called(kernels, rows, monkeypatch) -> list[str]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiled_max_m", [0, 64])
-def test_cuda_rows_above_16_take_the_tiled_kernel_when_on(tiled_max_m, monkeypatch):
-    """`tiled_max_m`: 17..tiled_max_m rows go through `w4_tiled_matmul`, more rows (and all of them when
-    off) through dequantize-then-cuBLAS; both give the reference's function."""
+@pytest.mark.parametrize("tiled_min_m,tiled_max_m", [(17, 0), (17, 64), (2, 64)])
+def test_cuda_rows_above_16_take_the_tiled_kernel_when_on(tiled_min_m, tiled_max_m, monkeypatch):
+    """`tiled_min_m`..`tiled_max_m` rows go through `w4_tiled_matmul`; 2-16 rows below that through
+    `quant_matmul`; more than `tiled_max_m` (all of them above 16 when off) through dequantize-then-cuBLAS.
+    Each gives the reference's function."""
     from qwick.kernels import w4a16
 
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
+    monkeypatch.setattr(RtnInt4LinearMethod, "tiled_min_m", tiled_min_m)
     monkeypatch.setattr(RtnInt4LinearMethod, "tiled_max_m", tiled_max_m)
-    kernels = ((w4a16, "w4_tiled_matmul"), (w4a16, "dequantize_int4"))
-    calls = _kernels_called(kernels, (20, 64, 65), monkeypatch)
+    kernels = ((w4a16, "w4_tiled_matmul"), (w4a16, "dequantize_int4"), (w4a16, "quant_matmul"))
+    calls = _kernels_called(kernels, (3, 16, 20, 64, 65), monkeypatch)
+    small = ["w4_tiled_matmul"] * 2 if tiled_min_m <= 3 else ["quant_matmul"] * 2
     tiled = ["w4_tiled_matmul"] * 2 if tiled_max_m else ["dequantize_int4"] * 2
-    assert calls == [*tiled, "dequantize_int4"]
+    assert calls == [*small, *tiled, "dequantize_int4"]
 
 
 def test_paired_input_is_asked_only_for_one_cuda_row(monkeypatch):
