@@ -51,7 +51,7 @@
 #   bash benchmarks/gpu_session.sh int4mid   # int4 at 17+ rows: the tiled W4A16 kernel's tests, layer
 #                                            # sweep; int4mid_e2e: 64 concurrent requests and the
 #                                            # 128-token TTFT with it and without
-#   bash benchmarks/gpu_session.sh int4tiles # the tiled kernel's variants at 8-128 rows (pipelined x too)
+#   bash benchmarks/gpu_session.sh int4tiles # the tiled kernel's variants at 2-128 rows (pipelined x too)
 #   bash benchmarks/gpu_session.sh int4small_e2e  # 8 and 16 concurrent requests, 2-16 rows tiled or not
 #   bash benchmarks/gpu_session.sh w3kv      # workload 3: bf16, fp8, fp8 with an fp8 KV cache
 #   bash benchmarks/gpu_session.sh lmhead    # the LM head quantized too (`--quantize-lm-head`): its
@@ -421,9 +421,9 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_mid_m.log" | grep -v -i warn
     ;;
   int4tiles)  # the tiled kernel's variants (reshape, nibble dots, nibble dots with x permuted first:
-    # `pipelined`) at 8-128 rows beside what the layer runs now; first their GPU tests
+    # `pipelined`) at 2-128 rows beside what the layer runs now; first their GPU tests
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py -k tiled 2>&1 | tail -2
-    MS="8 16 32 64 128" python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_tiles.log" | grep -v -i warn
+    MS="2 8 16 32 64 128" python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_tiles.log" | grep -v -i warn
     ;;
   int4small_e2e)  # 2-16 rows through the tiled kernel (`tiled_min_m = 2`) against `quant_matmul` (the
     # default): 16 and 8 concurrent requests, one process per run
