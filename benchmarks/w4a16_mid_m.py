@@ -42,6 +42,11 @@ NIBBLE, PIPELINED = (
     ]
     for pipelined in (False, True)
 )
+PIPELINED += [  # one 128-row tile: the codes decoded once for up to 128 rows (8 warps: 4 spill)
+    TiledW4Config(128, 128, 16, split, 8, stages, nibble_dots=True, pipelined=True)
+    for split in (1, 2)
+    for stages in (2, 3)
+]
 
 
 def _us(fn, iters: int = 20) -> float:
