@@ -100,9 +100,10 @@ class PackedLinearMethod(LinearMethod):
     paired_input = True
     # Up to this many rows (above 16), int4 weights with integer zero points go through the tiled W4A16
     # kernel (`qwick.kernels.w4a16.w4_tiled_matmul`: codes decoded once per tile, in registers) instead of
-    # dequantize-then-cuBLAS, which writes the whole layer in bf16 each call. H200, 7b shapes, at 32 and
-    # 64 rows: the four layers 283 and 307 us against 388 and 415; at 128 rows gate/up and down are
-    # slower tiled (the codes are decoded again for every 64-row M tile), so 64 (BENCHMARKS.md, sixteenth
+    # dequantize-then-cuBLAS, which writes the whole layer in bf16 each call. H200, 7b shapes, the four
+    # layers of a decoder layer: at 64 rows 307 us against 416, at 32 rows 264 against 450 (two sweeps);
+    # at 128 rows gate/up and down are slower tiled (the codes are decoded again for every 64-row M
+    # tile), so 64. 32 and 64 concurrent requests: +50% and +19% out tok/s (BENCHMARKS.md, sixteenth
     # session). 0: off.
     tiled_max_m = 64
     # From how many rows it does: 17, or 2 to take the 2-16 rows from `quant_matmul` too (groups of 128+
