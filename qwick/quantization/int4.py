@@ -101,7 +101,8 @@ class PackedLinearMethod(LinearMethod):
     # Up to this many rows (above 16), int4 weights with integer zero points go through the tiled W4A16
     # kernel (`qwick.kernels.w4a16.w4_tiled_matmul`: codes decoded once per tile, in registers) instead of
     # dequantize-then-cuBLAS, which writes the whole layer in bf16 each call. H200, 7b shapes, the four
-    # layers of a decoder layer: at 64 rows 307 us against 416, at 32 rows 264 against 450 (two sweeps);
+    # layers of a decoder layer at their best launch shapes: at 64 rows 307 us against 416, at 32 rows 264
+    # against 445 (two sweeps);
     # at 128 rows gate/up and down are slower tiled (the codes are decoded again for every 64-row M
     # tile), so 64. 32 and 64 concurrent requests: +50% and +19% out tok/s (BENCHMARKS.md, sixteenth
     # session). 0: off.
