@@ -102,10 +102,9 @@ class PackedLinearMethod(LinearMethod):
     # kernel (`qwick.kernels.w4a16.w4_tiled_matmul`: codes decoded once per tile, in registers) instead of
     # dequantize-then-cuBLAS, which writes the whole layer in bf16 each call. H200, 7b shapes, the four
     # layers of a decoder layer at their best launch shapes: at 64 rows 307 us against 416, at 32 rows 264
-    # against 445 (two sweeps);
-    # at 128 rows gate/up and down are slower tiled (the codes are decoded again for every 64-row M
-    # tile), so 64. 32 and 64 concurrent requests: +50% and +19% out tok/s (BENCHMARKS.md, sixteenth
-    # session). 0: off.
+    # against 445 (two sweeps); at 128 rows gate/up and down are slower tiled (the codes are decoded
+    # again for every 64-row M tile), so 64. 32 and 64 concurrent requests: +50% and +19% out tok/s
+    # (BENCHMARKS.md, sixteenth session). 0: off.
     tiled_max_m = 64
     # From how many rows it does: 17, or 2 to take the 2-16 rows from `quant_matmul` too (groups of 128+
     # codes: 16-row tiles of nibble-pair dots, `tiled_w4_config`). The sm_90 code of `quant_matmul` at 16
