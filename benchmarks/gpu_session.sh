@@ -438,7 +438,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     ;;
   int4mid_e2e)  # the second call of int4mid: 64 and 32 concurrent requests with the tiled kernel (the
     # default up to 64 rows) and without (and bf16), and batch 1 (the TTFT of a 128-token prompt) with it
-    # and without, one process per run
+    # and without (and bf16's, for the int4 prefill's cost), one process per run
     T64="bench throughput --shape qwen2.5-7b --max-model-len 4096 --input-len 128 --output-len 256 \
       --num-iters 1"
     OFF="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.tiled_max_m = 0; \
@@ -462,6 +462,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     run b1_int4 $CLI $B1 --output-json "$OUT/b1_int4.json"
     run b1_int4_off python -c "$OFF" $B1 --output-json "$OUT/b1_int4_off.json"
+    run b1_bf16 $CLI bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --output-json "$OUT/b1_bf16.json"
     ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
