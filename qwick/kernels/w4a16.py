@@ -21,8 +21,8 @@ Prefill (M > 16) runs the same kernel over M tiles of 64 rows without split-K.
 
 Used on GPUs for 2-16 rows (AWQ, GPTQ, RTN int4) and for GGUF weights; above 16 rows its 64-row M tiles
 re-run the eight planes' dots with strided gathers of x, 2-20x slower than dequantize-then-cuBLAS (H200,
-BENCHMARKS.md). `w4_tiled_matmul` below is the kernel meant for those rows: each tile's codes decoded once,
-into K order, and one `tl.dot` (off until measured: `PackedLinearMethod.tiled_max_m`).
+BENCHMARKS.md). `w4_tiled_matmul` below serves 17-64 rows (`PackedLinearMethod.tiled_max_m`): each tile's
+codes decoded once for all its rows, the weight as the MMA's wide side up to 32 rows.
 """
 
 from __future__ import annotations
@@ -305,9 +305,10 @@ def _w4_tiles_kernel(
     shifts = 4 * tl.arange(0, 8)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    first_ok = n_ok & (j_start + 0 * rn < j_end)  # a split can be empty (K tiles vs splits)
-    s_next = tl.load(s_rows + j_start // GROUP_W, mask=first_ok, other=0.0)
-    z_next = tl.load(z_rows + j_start // GROUP_W, mask=first_ok, other=0) if ZERO_MODE == 1 else s_next
+    if PIPELINED:  # the first tile's scales and zero points, ahead of the loop
+        first_ok = n_ok & (j_start + 0 * rn < j_end)  # a split can be empty (K tiles vs splits)
+        s_next = tl.load(s_rows + j_start // GROUP_W, mask=first_ok, other=0.0)
+        z_next = tl.load(z_rows + j_start // GROUP_W, mask=first_ok, other=0) if ZERO_MODE == 1 else s_next
     for j in range(j_start, j_end, BLOCK_W):
         words = tl.load(q_rows + (j + rj)[None, :], mask=n_ok[:, None], other=0)
         if PIPELINED:  # this tile's scales were loaded an iteration ago; load the next tile's

@@ -193,9 +193,10 @@ class PackedLinearMethod(LinearMethod):
         return w4_half2_gemv(x.x, self.quantized_weight(layer), layer.bias, self.workspace, pairs=x.pairs)
 
     def _apply_cuda(self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
-        """Batch 1: the CUDA-core GEMV; 2-16 rows: the tensor-core W4A16 kernel; up to `tiled_max_m` rows
-        the tiled W4A16 kernel (off by default); more (prefill, and decode batches above 16, where this
-        rewrites the whole layer in bf16 every step): dequantize the layer into a transient bf16/fp16
+        """Batch 1: the CUDA-core GEMV; 2-16 rows: the tensor-core W4A16 kernel (or the tiled one from
+        `tiled_min_m` rows, for groups of 128+ codes, whose 16-row tiles need 16-word dots); up to
+        `tiled_max_m` rows (64) the tiled W4A16 kernel; more (prefill, and decode batches above 64, where
+        this rewrites the whole layer in bf16 every step): dequantize the layer into a transient bf16/fp16
         weight with one Triton kernel, then cuBLAS."""
         from qwick.kernels.row_gemv import w4_row_gemv, w4_row_supported
         from qwick.kernels.row_gemv_half2 import w4_half2_gemv, w4_half2_supported
