@@ -1,8 +1,9 @@
 """int4 linear layers on the GPU against dequantize-then-matmul, at every linear shape of qwen2.5-7b and -14b
 (and the 7b LM head, which `quantize_lm_head` makes int4), M from 1 to 4096: each M takes the path a step
-of that size takes (`_apply_cuda`): one row the packed-fp16 GEMV, 2-16 rows the W4A16 kernel, more the
-layer dequantized by Triton and then cuBLAS. The kernels alone, with act-order and GGUF weights:
-tests/kernels/test_w4a16.py and tests/kernels/test_row_gemv.py."""
+of that size takes (`_apply_cuda`): one row the packed-fp16 GEMV, 2-16 rows the W4A16 kernel, 17-64 the
+tiled W4A16 kernel (17: nibble dots, 64: the reshape), more the layer dequantized by Triton and then
+cuBLAS. The kernels alone, with act-order and GGUF weights: tests/kernels/test_w4a16.py and
+tests/kernels/test_row_gemv.py."""
 
 from __future__ import annotations
 
