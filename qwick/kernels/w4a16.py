@@ -421,10 +421,6 @@ def w4_tiled_matmul(
         )
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"w4_tiled_matmul takes bf16/fp16 activations, not {x.dtype}")
-    if weight.perm is not None:  # act-order: the weight's K is stored grouped; gather x to match
-        x = x.index_select(1, weight.perm)
-    if x.stride(1) != 1:
-        x = x.contiguous()
     cfg = config or tiled_w4_config(m, n, k, weight.group_size, ws.num_sms)
     group_w, kw = weight.group_size // 8, k // 8
     if group_w % cfg.block_w or kw % cfg.block_w:
@@ -434,7 +430,15 @@ def w4_tiled_matmul(
     if cfg.pipelined and not cfg.nibble_dots:
         raise ValueError("pipelined x tiles are for nibble dots")
     if cfg.pipelined:  # K 8r + 4h + p to 2 BLOCK_W p + 2r + h in each tile: one copy of the small x
-        x = x.view(m, k // (8 * cfg.block_w), cfg.block_w, 2, 4).permute(0, 1, 4, 2, 3).reshape(m, k)
+        tiles = (k // (8 * cfg.block_w), cfg.block_w, 2, 4)
+        if weight.perm is None:
+            x = x.view(m, *tiles).permute(0, 1, 4, 2, 3).reshape(m, k)
+        else:  # act-order: the tile order composed with the weight's K order, so x is gathered once
+            x = x.index_select(1, weight.perm.view(tiles).permute(0, 3, 1, 2).reshape(k))
+    elif weight.perm is not None:  # act-order: the weight's K is stored grouped; gather x to match
+        x = x.index_select(1, weight.perm)
+    if x.stride(1) != 1:
+        x = x.contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
