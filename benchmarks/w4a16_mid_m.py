@@ -1,13 +1,14 @@
 """int4 weights at 2 <= M <= 512 rows (decode batches, short prefills), qwen2.5-7b shapes, RTN int4 group
-128 with zero points, us per call (CUDA events over 20 calls after a warm-up):
+128 with zero points, us per call on the GPU (20 calls in one CUDA graph, replayed three times):
 
 - dequantize-then-cuBLAS (one Triton kernel writing the layer in bf16, then cuBLAS: what M > 64 takes);
 - "default": what the layer runs for these rows (`production`: the decode kernel `quant_matmul` at 2-16,
   the tiled kernel's default launch shape at 17-64, dequantize-then-cuBLAS above);
-- the tiled W4A16 kernel (`w4_tiled_matmul`) at the best of the reshape-into-K-order shapes, and at the
-  best of a sweep of nibble-dot shapes (BLOCK_M x BLOCK_N, splits, stages; 16-row tiles only up to 16
-  rows) with x gathered per nibble and with x permuted first (`pipelined`), with the best pipelined
-  shape printed per row;
+- "tiled": the tiled W4A16 kernel (`w4_tiled_matmul`) at its default launch shape (`tiled_w4_config`;
+  at 2-16 rows what `PackedLinearMethod.tiled_min_m = 2` runs), then at the best of the reshape-into-
+  K-order shapes and at the best of a sweep of nibble-dot shapes (BLOCK_M x BLOCK_N, splits, stages;
+  16-row tiles only up to 16 rows) with x gathered per nibble and with x permuted first (`pipelined`),
+  with the best nibble and pipelined shapes printed per row;
 - with OLD=1, also the decode kernel `quant_matmul` at its M > 16 shapes (2-20x slower in the fifteenth
   session).
 
@@ -50,15 +51,27 @@ PIPELINED += [  # one 128-row tile: the codes decoded once for up to 128 rows (8
 
 
 def _us(fn, iters: int = 20) -> float:
-    fn()
+    """GPU time per call: `iters` calls captured in one CUDA graph, replayed (eager timing of these
+    calls measures the host's launches instead: 50-200 us per call in the sixteenth session's sweeps)."""
+    fn()  # compiles, and raises for a launch shape the GPU or the workspace cannot take
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(iters):
-        fn()
+    for _ in range(3):
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return 1000 * start.elapsed_time(end) / iters
+    return 1000 * start.elapsed_time(end) / (3 * iters)
 
 
 def production(x: torch.Tensor, w) -> torch.Tensor:
@@ -78,7 +91,16 @@ old = OLD if os.environ.get("OLD") == "1" else {}
 print(
     f"{'layer':>8} {'M':>5} {'dequant+cuBLAS':>15} {'default':>8} " + " ".join(f"{n:>9}" for n in old), end=""
 )
-print(f" {'reshape':>8} {'nibble':>8} {'pipelined':>9}  best pipelined launch shape, rel. diff", flush=True)
+print(
+    f" {'tiled':>8} {'reshape':>8} {'nibble':>8} {'pipelined':>9}  best nibble / pipelined shapes, rel. diff",
+    flush=True,
+)
+
+
+def _short(cfg: TiledW4Config | None) -> str:
+    if cfg is None:
+        return "-"
+    return f"{cfg.block_m}x{cfg.block_n} split {cfg.split_k} w{cfg.num_warps} s{cfg.num_stages}"
 
 
 def _best(configs, m, x, weight):
@@ -105,6 +127,7 @@ for name, (n, k) in SHAPES.items():
         cells = []
         for cfg in old.values():
             cells.append(f"{_us(lambda c=cfg, x=x, w=weight: quant_matmul(x, w, None, ws, c)):9.1f}")
+        tiled = _us(lambda x=x, w=weight: w4_tiled_matmul(x, w, None, ws))
         reshape, nibble = _best(RESHAPE, m, x, weight), _best(NIBBLE, m, x, weight)
         pipelined = _best(PIPELINED, m, x, weight)
         y = w4_tiled_matmul(x, weight, None, ws, pipelined[1])
@@ -112,6 +135,7 @@ for name, (n, k) in SHAPES.items():
         print(
             f"{name:>8} {m:>5} {dq:15.1f} {default:8.1f} "
             + " ".join(cells)
-            + f" {reshape[0]:8.1f} {nibble[0]:8.1f} {pipelined[0]:9.1f}  {pipelined[1]}, {diff:.1e}",
+            + f" {tiled:8.1f} {reshape[0]:8.1f} {nibble[0]:8.1f} {pipelined[0]:9.1f}  {_short(nibble[1])} / "
+            + f"{_short(pipelined[1])}, {diff:.1e}",
             flush=True,
         )

@@ -380,26 +380,28 @@ class TiledW4Config:
 
 
 def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> TiledW4Config:
-    """The H200 sweep's winners (`benchmarks/w4a16_mid_m.py`, sixteenth session, 7b shapes), 4 warps, 3
-    stages. 17-32 rows: 32-row tiles with the nibble dots (the weight as the MMA's wide side), 128 outputs
-    where they alone fill the SMs (gate/up) else 64, K split in four: the four layers in 264 us against 335
-    with the reshape. 33-64 rows: one 64-row tile with the reshape into K order, 128 outputs by 128 codes
-    (8 warps were 1.4-4x slower there), K split in two where the output tiles alone fill the SMs, else
-    four. Either way the decode of the codes, not the MMA, is the cost. 2-16 rows (off by default:
-    `PackedLinearMethod.tiled_min_m`): one 16-row tile of the pipelined nibble-pair dots, a guess."""
+    """The H200 sweep's winners (`benchmarks/w4a16_mid_m.py`, timed in CUDA graphs, seventeenth session,
+    7b shapes): the pipelined nibble-pair dots, 4 warps, 3 stages, on one M tile of 16 (up to 16 rows),
+    32 (17-32) or 64 rows (more; one 128-row tile with 8 warps was slower). 128 outputs per tile, but 64
+    at 17-64 rows unless the output tiles alone fill the SMs (gate/up) or, up to 32 rows, K is long
+    (down); K split in four, or in two where the output tiles alone fill the SMs at 33+ rows (gate/up).
+    The four layers of a decoder layer at their best shapes: at 2-16 rows 115-121 us against 307-431
+    with `quant_matmul`; at 32 rows 143 against 196 with the nibble dots (x gathered per nibble); at 64
+    rows 184 against 261 with the reshape into K order; at 128 rows 283 against 330 with dequantize-then-
+    cuBLAS (which still wins for qkv and o there: `PackedLinearMethod.tiled_min_codes_above_64`). Groups
+    of 64 codes (8-word tiles: too short a dot for the nibbles) take the reshape, on 64-row tiles."""
     block_w = min(16, group_size // 8)
-    if m <= 16 and block_w == 16:  # not measured yet (`PackedLinearMethod.tiled_min_m`): one shape for all
-        block_n = 128 if triton.cdiv(n, 128) >= num_sms else 64
-        split = 4 if k // 8 // block_w >= 8 else 1
-        return TiledW4Config(16, block_n, block_w, split, nibble_dots=True, pipelined=True)
-    nibble = m <= 32 and block_w == 16  # a nibble's dot has K = block_w, and tl.dot needs 16
-    block_m = 32 if nibble else 64
-    block_n = 128 if not nibble or triton.cdiv(n, 128) >= num_sms else 64
+    if block_w < 16:
+        block_m, block_n, nibble = 64, 128, False
+    else:
+        block_m, nibble = (16 if m <= 16 else 32 if m <= 32 else 64), True
+        wide = m <= 16 or m > 64 or (m <= 32 and k >= 8192) or triton.cdiv(n, 128) >= num_sms
+        block_n = 128 if wide else 64
     tiles = triton.cdiv(n, block_n) * triton.cdiv(triton.next_power_of_2(m), block_m)
-    split = 4 if nibble or tiles < num_sms else 2
+    split = 4 if (nibble and m <= 32) or tiles < num_sms else 2
     while split > 1 and k // 8 // block_w < 2 * split:  # every split keeps two tiles of K
         split //= 2
-    return TiledW4Config(block_m, block_n, block_w, split, nibble_dots=nibble)
+    return TiledW4Config(block_m, block_n, block_w, split, nibble_dots=nibble, pipelined=nibble)
 
 
 def w4_tiled_matmul(

@@ -98,19 +98,19 @@ class PackedLinearMethod(LinearMethod):
     # that its programs do not each pair the activations (576 SASS instructions against 640). On the H200,
     # qwen2.5-7b shapes, batch 1: 432.6 and 432.9 tok/s against 416.4 and 416.4 without (BENCHMARKS.md).
     paired_input = True
-    # Up to this many rows (above 16), int4 weights with integer zero points go through the tiled W4A16
-    # kernel (`qwick.kernels.w4a16.w4_tiled_matmul`: codes decoded once per tile, in registers) instead of
-    # dequantize-then-cuBLAS, which writes the whole layer in bf16 each call. H200, 7b shapes, the four
-    # layers of a decoder layer at their best launch shapes: at 64 rows 307 us against 416, at 32 rows 264
-    # against 445 (two sweeps); at 128 rows gate/up and down are slower tiled (the codes are decoded
-    # again for every 64-row M tile), so 64. 32 and 64 concurrent requests: +50% and +19% out tok/s
-    # (BENCHMARKS.md, sixteenth session). 0: off.
-    tiled_max_m = 64
-    # From how many rows it does: 17, or 2 to take the 2-16 rows from `quant_matmul` too (groups of 128+
-    # codes: 16-row tiles of nibble-pair dots, `tiled_w4_config`). The sm_90 code of `quant_matmul` at 16
-    # rows gathers x per nibble from global memory and round-trips the decoded weights through shared
-    # memory (`benchmarks/ptx_counts.py`); not yet timed against it (`gpu_session.sh int4tiles`), so 17.
-    tiled_min_m = 17
+    # int4 weights with integer zero points (groups of 128+ codes) at `tiled_min_m` to `tiled_max_m` rows
+    # go through the tiled W4A16 kernel (`qwick.kernels.w4a16.w4_tiled_matmul`: codes decoded once per
+    # tile, in registers; `tiled_w4_config` has the launch shapes and the sweep's figures). H200, 7b
+    # shapes, the four layers of a decoder layer, timed in CUDA graphs: at 2-16 rows 115-121 us against
+    # 307-431 with the decode kernel `quant_matmul` (which is what groups of 64 codes still take), at 64
+    # rows 184 against 416 with dequantize-then-cuBLAS (which writes the whole layer in bf16 each call).
+    # 0 for `tiled_max_m`: off.
+    tiled_min_m = 2
+    tiled_max_m = 128
+    # Above 64 rows, only layers of at least this many codes: at 128 rows gate/up and down take 136 and 90
+    # us tiled against 188 and 100, but qkv and o 32 and 25 against 24 and 19 (the tiled kernel decodes
+    # the codes again for each 64-row M tile; dequantizing costs the same at any row count).
+    tiled_min_codes_above_64 = 1 << 25
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
@@ -193,11 +193,11 @@ class PackedLinearMethod(LinearMethod):
         return w4_half2_gemv(x.x, self.quantized_weight(layer), layer.bias, self.workspace, pairs=x.pairs)
 
     def _apply_cuda(self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
-        """Batch 1: the CUDA-core GEMV; 2-16 rows: the tensor-core W4A16 kernel (or the tiled one from
-        `tiled_min_m` rows, for groups of 128+ codes, whose 16-row tiles need 16-word dots); up to
-        `tiled_max_m` rows (64) the tiled W4A16 kernel; more (prefill, and decode batches above 64, where
-        this rewrites the whole layer in bf16 every step): dequantize the layer into a transient bf16/fp16
-        weight with one Triton kernel, then cuBLAS."""
+        """Batch 1: the CUDA-core GEMV; `tiled_min_m` to `tiled_max_m` rows (2-128; above 64 only large
+        layers) the tiled W4A16 kernel, for integer zero points in groups of 128+ codes; other 2-16-row
+        calls (groups of 64) the decode kernel `quant_matmul`; more (prefill, and large decode batches,
+        where this rewrites the whole layer in bf16 every call): dequantize the layer into a transient
+        bf16/fp16 weight with one Triton kernel, then cuBLAS."""
         from qwick.kernels.row_gemv import w4_row_gemv, w4_row_supported
         from qwick.kernels.row_gemv_half2 import w4_half2_gemv, w4_half2_supported
         from qwick.kernels.w4a16 import dequantize_int4, quant_matmul, w4_tiled_matmul
@@ -209,6 +209,7 @@ class PackedLinearMethod(LinearMethod):
         if m == 1 and fast:
             return w4_row_gemv(x, weight, layer.bias, self.workspace)
         tiled = fast and self.tiled_min_m <= m <= self.tiled_max_m
+        tiled = tiled and (m <= 64 or weight.shape[0] * weight.shape[1] >= self.tiled_min_codes_above_64)
         if 0 < m <= 16 and not (tiled and weight.group_size >= 128):
             return quant_matmul(x, weight, layer.bias, self.workspace)
         if tiled:

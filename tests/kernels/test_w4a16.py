@@ -151,7 +151,7 @@ def test_tiled_int4_matches_reference(kind, n, k):
             configs += [
                 TiledW4Config(16, 64, 16, 2),
                 TiledW4Config(32, 64, 16, 2, nibble_dots=True),
-                TiledW4Config(16, 64, 16, 4, nibble_dots=True, pipelined=True),
+                TiledW4Config(16, 64, 16, 4 if n <= 8192 else 2, nibble_dots=True, pipelined=True),
                 TiledW4Config(32, 128, 16, 1, nibble_dots=True, pipelined=True),
             ]
         for cfg in configs:
@@ -167,26 +167,27 @@ def test_tiled_int4_matches_reference(kind, n, k):
 
 
 def test_tiled_int4_launch_shapes_follow_the_sweep():
-    """`tiled_w4_config` at the 7b shapes on 132 SMs: nibble dots on 32-row tiles up to 32 rows (128
-    outputs only where they alone fill the SMs), one 64-row reshape tile for 33-64 rows, 4 warps, and K
-    splits that leave every split two tiles of K (a 128-wide K leaves one split)."""
+    """`tiled_w4_config` at the 7b shapes on 132 SMs (the seventeenth session's sweep): pipelined nibble
+    dots, 4 warps, on 16-row tiles up to 16 rows, 32-row tiles up to 32 and 64-row tiles above; 128
+    outputs except for qkv and o at 17-64 rows (and down at 33-64); K split in four except for gate/up at
+    33+ rows (two), and never into splits of less than two tiles of K. Groups of 64 codes: the reshape."""
     from qwick.kernels.w4a16 import tiled_w4_config
 
-    for m in (17, 32):
-        qkv, gate_up = tiled_w4_config(m, 4608, 3584, 128, 132), tiled_w4_config(m, 37888, 3584, 128, 132)
-        assert (qkv.nibble_dots, qkv.block_m, qkv.block_n, qkv.split_k) == (True, 32, 64, 4)
-        assert (gate_up.nibble_dots, gate_up.block_m, gate_up.block_n, gate_up.split_k) == (True, 32, 128, 4)
-    for m in (33, 64):
-        down, gate_up = tiled_w4_config(m, 3584, 18944, 128, 132), tiled_w4_config(m, 37888, 3584, 128, 132)
-        assert (down.nibble_dots, down.block_m, down.block_n, down.split_k) == (False, 64, 128, 4)
-        assert (gate_up.nibble_dots, gate_up.block_m, gate_up.split_k) == (False, 64, 2)
-    assert {tiled_w4_config(m, 3584, 3584, 128, 132).num_warps for m in (17, 40)} == {4}
+    shapes = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+    expected = {  # (block_m, block_n, split_k) of qkv, o, gate_up, down
+        (2, 16): [(16, 128, 4)] * 4,
+        (17, 32): [(32, 64, 4), (32, 64, 4), (32, 128, 4), (32, 128, 4)],
+        (33, 64): [(64, 64, 4), (64, 64, 4), (64, 128, 2), (64, 64, 4)],
+        (65, 128): [(64, 128, 4), (64, 128, 4), (64, 128, 2), (64, 128, 4)],
+    }
+    for rows, shapes_expected in expected.items():
+        for m in rows:
+            configs = [tiled_w4_config(m, n, k, 128, 132) for n, k in shapes.values()]
+            assert [(c.block_m, c.block_n, c.split_k) for c in configs] == shapes_expected, m
+            assert all(c.nibble_dots and c.pipelined and c.num_warps == 4 for c in configs)
     assert tiled_w4_config(20, 512, 128, 128, 132).split_k == 1
-    for m in (2, 16):  # one launch shape for 2-16 rows (graphs and startup compile one variant)
-        small = tiled_w4_config(m, 4608, 3584, 128, 132)
-        assert (small.block_m, small.block_n, small.nibble_dots, small.pipelined) == (16, 64, True, True)
     group64 = tiled_w4_config(20, 512, 512, 64, 132)  # a group of 64 codes is 8 words: too short a dot
-    assert (group64.block_w, group64.nibble_dots) == (8, False)
+    assert (group64.block_w, group64.nibble_dots, group64.pipelined) == (8, False, False)
 
 
 def test_tiled_int4_refuses_what_it_cannot_take():

@@ -276,22 +276,28 @@ def _kernels_called(kernels, rows, monkeypatch) -> list[str]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiled_min_m,tiled_max_m", [(17, 0), (17, 64), (2, 64)])
-def test_cuda_rows_above_16_take_the_tiled_kernel_when_on(tiled_min_m, tiled_max_m, monkeypatch):
-    """`tiled_min_m`..`tiled_max_m` rows go through `w4_tiled_matmul`; 2-16 rows below that through
-    `quant_matmul`; more than `tiled_max_m` (all of them above 16 when off) through dequantize-then-cuBLAS.
-    Each gives the reference's function."""
+@pytest.mark.parametrize(
+    "tiled_min_m,tiled_max_m,min_codes",
+    [(17, 0, 0), (17, 64, 0), (2, 64, 0), (2, 128, 1 << 25), (2, 128, 0)],
+)
+def test_cuda_rows_take_the_tiled_kernel_when_on(tiled_min_m, tiled_max_m, min_codes, monkeypatch):
+    """`tiled_min_m`..`tiled_max_m` rows go through `w4_tiled_matmul` (above 64 rows only layers of
+    `tiled_min_codes_above_64` codes or more); 2-16 rows below that through `quant_matmul`; more rows than
+    that (all of them above 16 when off) through dequantize-then-cuBLAS. Each gives the reference's
+    function."""
     from qwick.kernels import w4a16
 
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     monkeypatch.setattr(RtnInt4LinearMethod, "tiled_min_m", tiled_min_m)
     monkeypatch.setattr(RtnInt4LinearMethod, "tiled_max_m", tiled_max_m)
+    monkeypatch.setattr(RtnInt4LinearMethod, "tiled_min_codes_above_64", min_codes)
     kernels = ((w4a16, "w4_tiled_matmul"), (w4a16, "dequantize_int4"), (w4a16, "quant_matmul"))
-    calls = _kernels_called(kernels, (3, 16, 20, 64, 65), monkeypatch)
+    calls = _kernels_called(kernels, (3, 16, 20, 64, 65, 129), monkeypatch)
     small = ["w4_tiled_matmul"] * 2 if tiled_min_m <= 3 else ["quant_matmul"] * 2
     tiled = ["w4_tiled_matmul"] * 2 if tiled_max_m else ["dequantize_int4"] * 2
-    assert calls == [*small, *tiled, "dequantize_int4"]
+    above_64 = "w4_tiled_matmul" if tiled_max_m >= 65 and min_codes <= 192 * 1024 else "dequantize_int4"
+    assert calls == [*small, *tiled, above_64, "dequantize_int4"]
 
 
 def test_paired_input_is_asked_only_for_one_cuda_row(monkeypatch):
