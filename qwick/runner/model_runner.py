@@ -192,8 +192,8 @@ class ModelRunner:
         the prefill attention at its launch shapes (short, long and very long queries), prefills whose
         last layer runs only the last token (decode attention outside the graphs), the fp8 mid-M GEMM's
         two K splits (17-64 and 65-128 rows), int4's tiled kernel's launch shapes (2-16, 17-32, 33-64 and
-        65-128 rows; graphs capture them only up to `max_num_seqs`), the LM head's skinny GEMM at every decode batch
-        size, and the sampling kernels. Writes only to the null block."""
+        65-128 rows; graphs capture them only up to `max_num_seqs`), the LM head's skinny GEMM at every
+        decode batch size, and the sampling kernels. Writes only to the null block."""
         t0 = time.perf_counter()
         for tokens in (16, 17, 33, 65, 160):
             hidden = self._null_forward([min(tokens, self.max_model_len)])
