@@ -53,6 +53,8 @@
 #                                            # 128-token TTFT with it and without
 #   bash benchmarks/gpu_session.sh int4tiles # the tiled kernel's variants at 2-128 rows (pipelined x too)
 #   bash benchmarks/gpu_session.sh int4small_e2e  # 8 and 16 concurrent requests, 2-16 rows tiled or not
+#   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
+#                                            # tests, 8-128 concurrent requests with it and without
 #   bash benchmarks/gpu_session.sh w3kv      # workload 3: bf16, fp8, fp8 with an fp8 KV cache
 #   bash benchmarks/gpu_session.sh lmhead    # the LM head quantized too (`--quantize-lm-head`): its
 #                                            # GPU tests, batch 1 per mode with it and without, fp8 workload 3
@@ -435,6 +437,39 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       run t${n}_int4_small python -c "$SMALL" $T --num-prompts $n --quantization int4 \
         --output-json "$OUT/t${n}_int4_small.json"
     done
+    ;;
+  int4pipe_e2e)  # the pipelined tiled kernel at 2-128 rows (the default since the seventeenth session):
+    # PART=1: its GPU tests, 16 and 128 concurrent requests with it and without (2-16 rows through
+    # `quant_matmul`; 65-128 rows dequantized); PART=2: 8 concurrent with it and without, 32 and 64 with it,
+    # batch 1, the 7b/14b layer tests. One process per run.
+    T="bench throughput --shape qwen2.5-7b --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 1"
+    patched() {  # a PackedLinearMethod attribute, value: the qwick CLI with it set
+      echo "import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.$1 = $2; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    }
+    if [ "${PART:-1}" = 1 ]; then
+      python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py \
+        tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
+      python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_no_compiles_while_serving.py \
+        -k int4 2>&1 | tail -2
+      for n in 16 128; do
+        run t${n}_int4 $CLI $T --num-prompts $n --quantization int4 --output-json "$OUT/t${n}_int4.json"
+      done
+      run t16_int4_old python -c "$(patched tiled_min_m 17)" $T --num-prompts 16 --quantization int4 \
+        --output-json "$OUT/t16_int4_old.json"
+      run t128_int4_old python -c "$(patched tiled_max_m 64)" $T --num-prompts 128 --quantization int4 \
+        --output-json "$OUT/t128_int4_old.json"
+    else
+      run t8_int4 $CLI $T --num-prompts 8 --quantization int4 --output-json "$OUT/t8_int4.json"
+      run t8_int4_old python -c "$(patched tiled_min_m 17)" $T --num-prompts 8 --quantization int4 \
+        --output-json "$OUT/t8_int4_old.json"
+      for n in 32 64; do
+        run t${n}_int4 $CLI $T --num-prompts $n --quantization int4 --output-json "$OUT/t${n}_int4.json"
+      done
+      run b1_int4 $CLI bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4 \
+        --output-json "$OUT/b1_int4.json"
+      python -m pytest -q -m gpu -p no:cacheprovider tests/quantization/test_int4_layer_gpu.py 2>&1 | tail -2
+    fi
     ;;
   int4mid_e2e)  # the second call of int4mid: 64 and 32 concurrent requests with the tiled kernel (the
     # default up to 64 rows) and without (and bf16), and batch 1 (the TTFT of a 128-token prompt) with it
