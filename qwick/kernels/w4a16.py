@@ -404,6 +404,21 @@ def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> Ti
     return TiledW4Config(block_m, block_n, block_w, split, nibble_dots=nibble, pipelined=nibble)
 
 
+@functools.lru_cache(maxsize=1024)
+def _default_tiled_launch(
+    rows: int, n: int, k: int, group_size: int, num_sms: int, partial_elems: int, max_tiles: int
+) -> TiledW4Config:
+    """`tiled_w4_config` for M's power-of-two bucket `rows`, with fewer K splits where the workspace
+    cannot stage the bucket's partials; cached, since eager prefills call this per layer (the host's time
+    per call is what short prefills wait on)."""
+    cfg = tiled_w4_config(rows, n, k, group_size, num_sms)
+    padded = -(-rows // cfg.block_m) * cfg.block_m
+    tiles = -(-n // cfg.block_n) * padded // cfg.block_m
+    while cfg.split_k > 1 and (cfg.split_k * padded * n > partial_elems or tiles > max_tiles):
+        cfg = replace(cfg, split_k=cfg.split_k // 2)
+    return cfg
+
+
 def w4_tiled_matmul(
     x: torch.Tensor,
     weight: QuantizedWeight,
@@ -423,7 +438,9 @@ def w4_tiled_matmul(
         )
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"w4_tiled_matmul takes bf16/fp16 activations, not {x.dtype}")
-    cfg = config or tiled_w4_config(m, n, k, weight.group_size, ws.num_sms)
+    bucket = 1 << max(m - 1, 0).bit_length()
+    workspace = (ws.num_sms, ws.partials.numel(), ws.counters.numel())
+    cfg = config or _default_tiled_launch(bucket, n, k, weight.group_size, *workspace)
     group_w, kw = weight.group_size // 8, k // 8
     if group_w % cfg.block_w or kw % cfg.block_w:
         raise ValueError(f"tiles of {cfg.block_w} words must divide groups of {group_w} and rows of {kw}")
@@ -444,11 +461,7 @@ def w4_tiled_matmul(
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    n_tiles, m_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
-    if config is None:  # fewer K splits where the workspace cannot stage the partials of M's bucket
-        rows = triton.cdiv(triton.next_power_of_2(m), cfg.block_m) * cfg.block_m
-        while cfg.split_k > 1 and not ws.fits(cfg.split_k, rows, n, n_tiles * rows // cfg.block_m):
-            cfg = replace(cfg, split_k=cfg.split_k // 2)
+    n_tiles, m_tiles = -(-n // cfg.block_n), -(-m // cfg.block_m)
     ws.check(cfg.split_k, m_tiles * cfg.block_m, n, n_tiles * m_tiles, cfg)
     zeros = weight.zeros if weight.zeros is not None else weight.scales  # a dummy for constant zero points
     _w4_tiles_kernel[(n_tiles, cfg.split_k, m_tiles)](
