@@ -51,7 +51,7 @@
 #   bash benchmarks/gpu_session.sh int4mid   # int4 at 17+ rows: the tiled W4A16 kernel's tests, layer
 #                                            # sweep; int4mid_e2e: 64 concurrent requests and the
 #                                            # 128-token TTFT with it and without
-#   bash benchmarks/gpu_session.sh int4tiles # the tiled kernel's variants at 2-128 rows (pipelined x too)
+#   bash benchmarks/gpu_session.sh int4tiles # the tiled kernel's variants at 2-128 rows
 #   bash benchmarks/gpu_session.sh int4small_e2e  # 8 and 16 concurrent requests, 2-16 rows tiled or not
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
@@ -422,8 +422,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
     python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_mid_m.log" | grep -v -i warn
     ;;
-  int4tiles)  # the tiled kernel's variants (reshape, nibble dots, nibble dots with x permuted first:
-    # `pipelined`) at 2-128 rows beside what the layer runs now; first their GPU tests
+  int4tiles)  # the tiled kernel's variants (reshape, nibble-pair dots) at 2-128 rows beside what the
+    # layer runs now; first their GPU tests
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py -k tiled 2>&1 | tail -2
     MS="2 8 16 32 64 128" python benchmarks/w4a16_mid_m.py 2>&1 | tee "$OUT/w4a16_tiles.log" | grep -v -i warn
     ;;

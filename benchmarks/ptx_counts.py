@@ -105,13 +105,13 @@ def gemv(weight: str, block_n: int, block_k: int, split: int, stages: int):
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
 
-def tiles(block_m: int, nibble: bool, pipelined: bool):
+def tiles(block_m: int, nibble: bool):
     """The tiled W4A16 kernel, 128 outputs by 16-word tiles, zero points per group, K split in four."""
     sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "b_ptr": "*bf16"}
     sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
     sig |= {n: "i32" for n in ("M", "N", "KW", "stride_xm", "stride_qn", "stride_sn", "stride_ym")}
     const = dict(ZERO_POINT=8, ZERO_MODE=1, HAS_BIAS=False, GROUP_W=16, SPLIT_K=4, BLOCK_M=block_m)
-    const |= dict(BLOCK_N=128, BLOCK_W=16, NIBBLE_DOTS=nibble, PIPELINED=pipelined)
+    const |= dict(BLOCK_N=128, BLOCK_W=16, NIBBLE_DOTS=nibble)
     div = [n for n in sig if n.endswith("_ptr") or n in ("N", "KW") or n.startswith("stride")]
     return compile_ptx(_w4_tiles_kernel, sig, const, div, 4, 3)
 
@@ -123,9 +123,8 @@ VARIANTS = {
     "extend fp8 (128 x 128, 2 stages)": lambda: extend(True, 2),
     "gemv fp8 W8A16 (32 x 256)": lambda: gemv("fp8", 32, 256, 4, 3),
     "gemv int8 W8A16 (32 x 256)": lambda: gemv("int8", 32, 256, 4, 3),
-    "tiles int4 reshape (64 rows)": lambda: tiles(64, False, False),
-    "tiles int4 nibble dots (32 rows)": lambda: tiles(32, True, False),
-    "tiles int4 nibble dots, pipelined (32 rows)": lambda: tiles(32, True, True),
+    "tiles int4 reshape (64 rows)": lambda: tiles(64, False),
+    "tiles int4 nibble-pair dots (32 rows)": lambda: tiles(32, True),
 }
 
 

@@ -6,9 +6,8 @@
   the tiled kernel's default launch shape at 17-64, dequantize-then-cuBLAS above);
 - "tiled": the tiled W4A16 kernel (`w4_tiled_matmul`) at its default launch shape (`tiled_w4_config`;
   at 2-16 rows what `PackedLinearMethod.tiled_min_m = 2` runs), then at the best of the reshape-into-
-  K-order shapes and at the best of a sweep of nibble-dot shapes (BLOCK_M x BLOCK_N, splits, stages;
-  16-row tiles only up to 16 rows) with x gathered per nibble and with x permuted first (`pipelined`),
-  with the best nibble and pipelined shapes printed per row;
+  K-order shapes and at the best of a sweep of nibble-pair-dot shapes (BLOCK_M x BLOCK_N, splits,
+  stages; 16-row tiles only up to 16 rows), with the best nibble shape printed per row;
 - with OLD=1, also the decode kernel `quant_matmul` at its M > 16 shapes (2-20x slower in the fifteenth
   session).
 
@@ -33,20 +32,14 @@ OLD = {  # the decode kernel's launch shapes for M > 16
     "old bm32": QuantGemvConfig(128, 128, 1, num_warps=4, num_stages=3, block_m=32),
 }
 RESHAPE = [TiledW4Config(64, 128, 16, split) for split in (1, 2, 4)]  # the 15th session's sweep's best
-NIBBLE, PIPELINED = (
-    [
-        TiledW4Config(bm, bn, 16, split, 4, stages, nibble_dots=True, pipelined=pipelined)
-        for bm in (16, 32, 64)
-        for bn in (64, 128)
-        for split in (2, 4)
-        for stages in (3, 4)
-    ]
-    for pipelined in (False, True)
-)
-PIPELINED += [  # one 128-row tile: the codes decoded once for up to 128 rows (8 warps: 4 spill)
-    TiledW4Config(128, 128, 16, split, 8, stages, nibble_dots=True, pipelined=True)
-    for split in (1, 2)
-    for stages in (2, 3)
+NIBBLE = [
+    TiledW4Config(bm, bn, 16, split, 4, stages, nibble_dots=True)
+    for bm in (16, 32, 64)
+    for bn in (64, 128)
+    for split in (2, 4)
+    for stages in (3, 4)
+] + [  # one 128-row tile: the codes decoded once for up to 128 rows (8 warps: 4 spill)
+    TiledW4Config(128, 128, 16, split, 8, stages, nibble_dots=True) for split in (1, 2) for stages in (2, 3)
 ]
 
 
@@ -92,7 +85,7 @@ print(
     f"{'layer':>8} {'M':>5} {'dequant+cuBLAS':>15} {'default':>8} " + " ".join(f"{n:>9}" for n in old), end=""
 )
 print(
-    f" {'tiled':>8} {'reshape':>8} {'nibble':>8} {'pipelined':>9}  best nibble / pipelined shapes, rel. diff",
+    f" {'tiled':>8} {'reshape':>8} {'nibble':>8}  best nibble shape, rel. diff",
     flush=True,
 )
 
@@ -129,13 +122,11 @@ for name, (n, k) in SHAPES.items():
             cells.append(f"{_us(lambda c=cfg, x=x, w=weight: quant_matmul(x, w, None, ws, c)):9.1f}")
         tiled = _us(lambda x=x, w=weight: w4_tiled_matmul(x, w, None, ws))
         reshape, nibble = _best(RESHAPE, m, x, weight), _best(NIBBLE, m, x, weight)
-        pipelined = _best(PIPELINED, m, x, weight)
-        y = w4_tiled_matmul(x, weight, None, ws, pipelined[1])
+        y = w4_tiled_matmul(x, weight, None, ws, nibble[1])
         diff = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
         print(
             f"{name:>8} {m:>5} {dq:15.1f} {default:8.1f} "
             + " ".join(cells)
-            + f" {tiled:8.1f} {reshape[0]:8.1f} {nibble[0]:8.1f} {pipelined[0]:9.1f}  {_short(nibble[1])} / "
-            + f"{_short(pipelined[1])}, {diff:.1e}",
+            + f" {tiled:8.1f} {reshape[0]:8.1f} {nibble[0]:8.1f}  {_short(nibble[1])}, {diff:.1e}",
             flush=True,
         )

@@ -19,10 +19,12 @@ Each dequantized value is computed in fp32 exactly as `formats.layout.dequantize
 once to the activation dtype: the kernel and `formats.reference.dequant_matmul` multiply the same weights.
 Prefill (M > 16) runs the same kernel over M tiles of 64 rows without split-K.
 
-Used on GPUs for 2-16 rows (AWQ, GPTQ, RTN int4) and for GGUF weights; above 16 rows its 64-row M tiles
-re-run the eight planes' dots with strided gathers of x, 2-20x slower than dequantize-then-cuBLAS (H200,
-BENCHMARKS.md). `w4_tiled_matmul` below serves 17-64 rows (`PackedLinearMethod.tiled_max_m`): each tile's
-codes decoded once for all its rows, the weight as the MMA's wide side up to 32 rows.
+Used on GPUs for GGUF weights and for int4 groups of 64 codes at 2-16 rows; above 16 rows its 64-row M
+tiles re-run the eight planes' dots with strided gathers of x, 2-20x slower than dequantize-then-cuBLAS
+(H200, BENCHMARKS.md). `w4_tiled_matmul` below serves AWQ, GPTQ and RTN int4 at 2-128 rows
+(`PackedLinearMethod.tiled_min_m` / `tiled_max_m`), 2.7-3.6x faster than this kernel at 2-16 rows: each
+tile's codes decoded once for all its rows, in the registers the tensor cores read, with the weight as
+the MMA's wide side and x permuted so its tiles copy asynchronously.
 """
 
 from __future__ import annotations
@@ -262,7 +264,6 @@ def _w4_tiles_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
     NIBBLE_DOTS: tl.constexpr,
-    PIPELINED: tl.constexpr,
 ):
     """y = x @ W.T (+ b) for int4 W with integer zero points, [BLOCK_M, BLOCK_N] output tiles, K in tiles
     of BLOCK_W words inside one group (one scale and zero point per row and tile). A tile's codes are
@@ -272,17 +273,15 @@ def _w4_tiles_kernel(
     rounded once to x's dtype. Split-K as the decode kernels: each M tile has its own partials and
     counters.
 
-    NIBBLE_DOTS: no reshape of the decoded tile into K order; instead nibble i of the tile's words (K
-    indices 8j + i) is one [BLOCK_N, BLOCK_W] operand, multiplied with the matching strided columns of x
-    in its own K = BLOCK_W dot, with the weight as the MMA's first operand (y^T = W x^T, so few rows are
-    the MMA's narrow side).
-
-    PIPELINED (with NIBBLE_DOTS): nibbles p and p + 4 of each word side by side, one [BLOCK_N, 2 BLOCK_W]
-    operand per p (4 dots per tile; `tl.join` keeps the pairs in the registers the MMA reads, sm_90 code
-    shows no shared-memory round trip), and x comes permuted to match (inside each tile of BLOCK_W words,
-    column 2 BLOCK_W p + 2r + h holds x's column 8r + p + 4h), so each dot's x is one contiguous slice
-    that Triton's pipeliner copies into shared memory asynchronously (the strided gather above is a
-    synchronous load per nibble); and the scales and zero points are loaded one tile ahead."""
+    NIBBLE_DOTS (the default launch shapes): no reshape of the decoded tile into K order; instead nibbles
+    p and p + 4 of each word side by side are one [BLOCK_N, 2 BLOCK_W] operand per p, 4 dots per tile,
+    with the weight as the MMA's first operand (y^T = W x^T, so few rows are the MMA's narrow side).
+    `tl.join` keeps the pairs in the registers the MMA reads (sm_90 code shows no shared-memory round
+    trip; joining 4 or 8 nibbles did round-trip them). x comes permuted to match (inside each tile of
+    BLOCK_W words, column 2 BLOCK_W p + 2r + h holds x's column 8r + p + 4h), so each dot's x is one
+    contiguous slice that Triton's pipeliner copies into shared memory asynchronously (a dot per nibble on
+    strided x columns gathered them with synchronous loads: up to 1.9x slower on gate/up and down, even on
+    qkv and o, in the seventeenth session's sweep); and the scales and zero points load one tile ahead."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2).to(tl.int64)  # the epilogue's offsets grow with M * N
@@ -305,13 +304,13 @@ def _w4_tiles_kernel(
     shifts = 4 * tl.arange(0, 8)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if PIPELINED:  # the first tile's scales and zero points, ahead of the loop
+    if NIBBLE_DOTS:  # the first tile's scales and zero points, ahead of the loop
         first_ok = n_ok & (j_start + 0 * rn < j_end)  # a split can be empty (K tiles vs splits)
         s_next = tl.load(s_rows + j_start // GROUP_W, mask=first_ok, other=0.0)
         z_next = tl.load(z_rows + j_start // GROUP_W, mask=first_ok, other=0) if ZERO_MODE == 1 else s_next
     for j in range(j_start, j_end, BLOCK_W):
         words = tl.load(q_rows + (j + rj)[None, :], mask=n_ok[:, None], other=0)
-        if PIPELINED:  # this tile's scales were loaded an iteration ago; load the next tile's
+        if NIBBLE_DOTS:  # this tile's scales were loaded an iteration ago; load the next tile's
             s = s_next.to(tl.float32)
             z = z_next.to(tl.float32) if ZERO_MODE == 1 else tl.zeros_like(s) + ZERO_POINT
             g_next = tl.minimum(j + BLOCK_W, j_end - 1) // GROUP_W
@@ -325,17 +324,12 @@ def _w4_tiles_kernel(
                 z = tl.load(z_rows + g, mask=n_ok, other=0).to(tl.float32)
             else:
                 z = tl.zeros_like(s) + ZERO_POINT
-        if NIBBLE_DOTS and PIPELINED:  # nibbles p and p + 4 of each word side by side in K: 4 dots
+        if NIBBLE_DOTS:  # nibbles p and p + 4 of each word side by side in K: 4 dots
             for p in tl.static_range(4):
                 lo = _decode_nibble(words, p, z, s, x_ptr.dtype.element_ty)
                 hi = _decode_nibble(words, p + 4, z, s, x_ptr.dtype.element_ty)
                 w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * BLOCK_W))  # column 2r + h: K 8r + p + 4h
                 xt = tl.load(x_cols + (8 * j + 2 * BLOCK_W * p + rk2)[:, None], mask=m_ok[None, :], other=0.0)
-                acc_t = tl.dot(w, xt, acc_t)
-        elif NIBBLE_DOTS:
-            for i in tl.static_range(8):
-                w = _decode_nibble(words, i, z, s, x_ptr.dtype.element_ty)  # [BLOCK_N, BLOCK_W]: K 8r + i
-                xt = tl.load(x_cols + (8 * (j + rj) + i)[:, None], mask=m_ok[None, :], other=0.0)
                 acc_t = tl.dot(w, xt, acc_t)
         else:
             q = ((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000  # [BLOCK_N, BLOCK_W, 8]
@@ -375,18 +369,17 @@ class TiledW4Config:
     split_k: int
     num_warps: int = 4
     num_stages: int = 3
-    nibble_dots: bool = False
-    pipelined: bool = False  # with nibble_dots: x permuted first, its tiles and the scales load ahead
+    nibble_dots: bool = False  # nibble-pair dots on x permuted first (else the reshape into K order)
 
 
 def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> TiledW4Config:
     """The H200 sweep's winners (`benchmarks/w4a16_mid_m.py`, timed in CUDA graphs, seventeenth session,
-    7b shapes): the pipelined nibble-pair dots, 4 warps, 3 stages, on one M tile of 16 (up to 16 rows),
+    7b shapes): the nibble-pair dots, 4 warps, 3 stages, on one M tile of 16 (up to 16 rows),
     32 (17-32) or 64 rows (more; one 128-row tile with 8 warps was slower). 128 outputs per tile, but 64
     at 17-64 rows unless the output tiles alone fill the SMs (gate/up) or, up to 32 rows, K is long
     (down); K split in four, or in two where the output tiles alone fill the SMs at 33+ rows (gate/up).
     The four layers of a decoder layer at their best shapes: at 2-16 rows 115-121 us against 307-431
-    with `quant_matmul`; at 32 rows 143 against 196 with the nibble dots (x gathered per nibble); at 64
+    with `quant_matmul`; at 32 rows 143 against 196 with a dot per nibble (x gathered per nibble); at 64
     rows 184 against 261 with the reshape into K order; at 128 rows 283 against 330 with dequantize-then-
     cuBLAS (which still wins for qkv and o there: `PackedLinearMethod.tiled_min_codes_above_64`). Groups
     of 64 codes (8-word tiles: too short a dot for the nibbles) take the reshape, on 64-row tiles."""
@@ -401,7 +394,7 @@ def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> Ti
     split = 4 if (nibble and m <= 32) or tiles < num_sms else 2
     while split > 1 and k // 8 // block_w < 2 * split:  # every split keeps two tiles of K
         split //= 2
-    return TiledW4Config(block_m, block_n, block_w, split, nibble_dots=nibble, pipelined=nibble)
+    return TiledW4Config(block_m, block_n, block_w, split, nibble_dots=nibble)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -446,9 +439,7 @@ def w4_tiled_matmul(
         raise ValueError(f"tiles of {cfg.block_w} words must divide groups of {group_w} and rows of {kw}")
     if cfg.nibble_dots and cfg.block_w < 16:
         raise ValueError(f"nibble dots multiply K = {cfg.block_w} per dot; tl.dot needs 16 (16-word tiles)")
-    if cfg.pipelined and not cfg.nibble_dots:
-        raise ValueError("pipelined x tiles are for nibble dots")
-    if cfg.pipelined:  # K 8r + 4h + p to 2 BLOCK_W p + 2r + h in each tile: one copy of the small x
+    if cfg.nibble_dots:  # K 8r + 4h + p to 2 BLOCK_W p + 2r + h in each tile: one copy of the small x
         tiles = (k // (8 * cfg.block_w), cfg.block_w, 2, 4)
         if weight.perm is None:
             x = x.view(m, *tiles).permute(0, 1, 4, 2, 3).reshape(m, k)
@@ -489,7 +480,6 @@ def w4_tiled_matmul(
         BLOCK_N=cfg.block_n,
         BLOCK_W=cfg.block_w,
         NIBBLE_DOTS=cfg.nibble_dots,
-        PIPELINED=cfg.pipelined,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

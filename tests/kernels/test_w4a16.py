@@ -151,8 +151,8 @@ def test_tiled_int4_matches_reference(kind, n, k):
             configs += [
                 TiledW4Config(16, 64, 16, 2),
                 TiledW4Config(32, 64, 16, 2, nibble_dots=True),
-                TiledW4Config(16, 64, 16, 4 if n <= 8192 else 2, nibble_dots=True, pipelined=True),
-                TiledW4Config(32, 128, 16, 1, nibble_dots=True, pipelined=True),
+                TiledW4Config(16, 64, 16, 4 if n <= 8192 else 2, nibble_dots=True),
+                TiledW4Config(32, 128, 16, 1, nibble_dots=True),
             ]
         for cfg in configs:
             for _ in range(2 if cfg.split_k > 1 else 1):
@@ -167,7 +167,7 @@ def test_tiled_int4_matches_reference(kind, n, k):
 
 
 def test_tiled_int4_launch_shapes_follow_the_sweep():
-    """`tiled_w4_config` at the 7b shapes on 132 SMs (the seventeenth session's sweep): pipelined nibble
+    """`tiled_w4_config` at the 7b shapes on 132 SMs (the seventeenth session's sweep): nibble-pair
     dots, 4 warps, on 16-row tiles up to 16 rows, 32-row tiles up to 32 and 64-row tiles above; 128
     outputs except for qkv and o at 17-64 rows (and down at 33-64); K split in four except for gate/up at
     33+ rows (two), and never into splits of less than two tiles of K. Groups of 64 codes: the reshape."""
@@ -184,10 +184,10 @@ def test_tiled_int4_launch_shapes_follow_the_sweep():
         for m in rows:
             configs = [tiled_w4_config(m, n, k, 128, 132) for n, k in shapes.values()]
             assert [(c.block_m, c.block_n, c.split_k) for c in configs] == shapes_expected, m
-            assert all(c.nibble_dots and c.pipelined and c.num_warps == 4 for c in configs)
+            assert all(c.nibble_dots and c.num_warps == 4 for c in configs)
     assert tiled_w4_config(20, 512, 128, 128, 132).split_k == 1
     group64 = tiled_w4_config(20, 512, 512, 64, 132)  # a group of 64 codes is 8 words: too short a dot
-    assert (group64.block_w, group64.nibble_dots, group64.pipelined) == (8, False, False)
+    assert (group64.block_w, group64.nibble_dots) == (8, False)
 
 
 def test_tiled_int4_refuses_what_it_cannot_take():
@@ -201,8 +201,6 @@ def test_tiled_int4_refuses_what_it_cannot_take():
         w4_tiled_matmul(x.float(), qw, None, ws)
     with pytest.raises(ValueError, match="must divide groups"):
         w4_tiled_matmul(x, qw, None, ws, TiledW4Config(32, 64, 32, 1))  # 32 words > a 16-word group
-    with pytest.raises(ValueError, match="for nibble dots"):
-        w4_tiled_matmul(x, qw, None, ws, TiledW4Config(32, 64, 16, 1, pipelined=True))
     with pytest.raises(ValueError, match="tl.dot needs 16"):
         w4_tiled_matmul(x, qw, None, ws, TiledW4Config(32, 64, 8, 1, nibble_dots=True))
     with pytest.raises(ValueError, match="x \\[M, 512\\]"):
