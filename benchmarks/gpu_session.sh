@@ -53,6 +53,7 @@
 #                                            # 128-token TTFT with it and without
 #   bash benchmarks/gpu_session.sh int4tiles # the tiled kernel's variants at 2-128 rows
 #   bash benchmarks/gpu_session.sh int4small_e2e  # 8 and 16 concurrent requests, 2-16 rows tiled or not
+#   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
 #   bash benchmarks/gpu_session.sh w3kv      # workload 3: bf16, fp8, fp8 with an fp8 KV cache
@@ -437,6 +438,12 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       run t${n}_int4_small python -c "$SMALL" $T --num-prompts $n --quantization int4 \
         --output-json "$OUT/t${n}_int4_small.json"
     done
+    ;;
+  int4ttft)  # int4's short-prompt TTFT with the 65-128-row tiled path and without, alternating in one
+    # process (128 and 96 tokens), and the host's eager cost per int4 call beside its GPU time
+    python benchmarks/int4_ttft_ab.py qwen2.5-7b 128 15 2>&1 | grep -E "TTFT|Error"
+    python benchmarks/int4_ttft_ab.py qwen2.5-7b 96 15 2>&1 | grep -E "TTFT|Error"
+    python benchmarks/int4_eager_host.py 2>&1 | grep -v -i warn
     ;;
   int4pipe_e2e)  # the pipelined tiled kernel at 2-128 rows (the default since the seventeenth session):
     # PART=1: its GPU tests, 16 and 128 concurrent requests with it and without (2-16 rows through
