@@ -14,6 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
+from qwick.bench import gpu_timing  # noqa: E402
 from qwick.kernels.elementwise import rms_norm, silu_and_mul, silu_and_mul_quant  # noqa: E402
 from qwick.layers.linear import RowQuant  # noqa: E402
 from qwick.quantization.w8a8 import _MIN_AMAX, qmax  # noqa: E402
@@ -23,20 +24,7 @@ HIDDEN, INTER, REPS = 3584, 18944, 200
 
 def graph_us(fn) -> float:
     """Mean time per call of `fn`, captured REPS times in one CUDA graph and replayed."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPS):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (10 * REPS)
+    return gpu_timing.graph_us(fn, calls=REPS, replays=10)
 
 
 def main() -> None:

@@ -16,32 +16,12 @@ sys.path.insert(0, os.getcwd())  # run from the repository root
 import torch
 import torch.nn.functional as F
 
+from qwick.bench.gpu_timing import graph_us
 from qwick.kernels.gemv import GemvWorkspace
 from qwick.kernels.w4a16 import dequantize_int4, w4_tiled_matmul
 from qwick.quantization.formats import rtn
 
 SHAPES = {"qkv": (4608, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
-
-
-def graph_us(fn, iters: int = 20) -> float:
-    fn()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1000 * start.elapsed_time(end) / iters
 
 
 def eager_us(fn, iters: int = 20) -> tuple[float, float]:

@@ -21,6 +21,7 @@ sys.path.insert(0, os.getcwd())  # run from the repository root
 import torch
 import torch.nn.functional as F
 
+from qwick.bench.gpu_timing import graph_us
 from qwick.kernels.gemv import GemvWorkspace
 from qwick.kernels.w4a16 import QuantGemvConfig, TiledW4Config, dequantize_int4, quant_matmul, w4_tiled_matmul
 from qwick.quantization.formats import rtn
@@ -41,30 +42,6 @@ NIBBLE = [
 ] + [  # one 128-row tile: the codes decoded once for up to 128 rows (8 warps: 4 spill)
     TiledW4Config(128, 128, 16, split, 8, stages, nibble_dots=True) for split in (1, 2) for stages in (2, 3)
 ]
-
-
-def _us(fn, iters: int = 20) -> float:
-    """GPU time per call: `iters` calls captured in one CUDA graph, replayed (eager timing of these
-    calls measures the host's launches instead: 50-200 us per call in the sixteenth session's sweeps)."""
-    fn()  # compiles, and raises for a launch shape the GPU or the workspace cannot take
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1000 * start.elapsed_time(end) / (3 * iters)
 
 
 def production(x: torch.Tensor, w) -> torch.Tensor:
@@ -102,7 +79,7 @@ def _best(configs, m, x, weight):
         if cfg.block_m > max(16, 2 * m) or (cfg.block_m == 16 and m > 16):
             continue
         try:
-            us = _us(lambda c=cfg, x=x, w=weight: w4_tiled_matmul(x, w, None, ws, c))
+            us = graph_us(lambda c=cfg, x=x, w=weight: w4_tiled_matmul(x, w, None, ws, c))
         except Exception:  # a launch shape the GPU cannot take (shared memory, workspace)
             continue
         if us < best[0]:
@@ -115,12 +92,12 @@ for name, (n, k) in SHAPES.items():
     for m in MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = F.linear(x, dequantize_int4(weight, x.dtype))
-        dq = _us(lambda x=x, w=weight: F.linear(x, dequantize_int4(w, x.dtype)))
-        default = _us(lambda x=x, w=weight: production(x, w))
+        dq = graph_us(lambda x=x, w=weight: F.linear(x, dequantize_int4(w, x.dtype)))
+        default = graph_us(lambda x=x, w=weight: production(x, w))
         cells = []
         for cfg in old.values():
-            cells.append(f"{_us(lambda c=cfg, x=x, w=weight: quant_matmul(x, w, None, ws, c)):9.1f}")
-        tiled = _us(lambda x=x, w=weight: w4_tiled_matmul(x, w, None, ws))
+            cells.append(f"{graph_us(lambda c=cfg, x=x, w=weight: quant_matmul(x, w, None, ws, c)):9.1f}")
+        tiled = graph_us(lambda x=x, w=weight: w4_tiled_matmul(x, w, None, ws))
         reshape, nibble = _best(RESHAPE, m, x, weight), _best(NIBBLE, m, x, weight)
         y = w4_tiled_matmul(x, weight, None, ws, nibble[1])
         diff = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
