@@ -53,6 +53,7 @@
 #                                            # 128-token TTFT with it and without
 #   bash benchmarks/gpu_session.sh int4tiles # the tiled kernel's variants at 2-128 rows
 #   bash benchmarks/gpu_session.sh int4small_e2e  # 8 and 16 concurrent requests, 2-16 rows tiled or not
+#   bash benchmarks/gpu_session.sh int4models  # int4 greedy/logits vs transformers, 8-row decode steps
 #   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
@@ -444,6 +445,10 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_ttft_ab.py qwen2.5-7b 128 15 2>&1 | grep -E "TTFT|Error"
     python benchmarks/int4_ttft_ab.py qwen2.5-7b 96 15 2>&1 | grep -E "TTFT|Error"
     python benchmarks/int4_eager_host.py 2>&1 | grep -v -i warn
+    ;;
+  int4models)  # int4 at the model level with 8-row decode steps (the tiled kernel's 16-row tiles since
+    # the seventeenth session), against transformers on the dequantized weights, 7b shapes
+    BATCH=8 REF32=0 python benchmarks/greedy_vs_transformers.py int4 2>&1 | grep -E "^(quantization|prompt)|Error"
     ;;
   int4pipe_e2e)  # the pipelined tiled kernel at 2-128 rows (the default since the seventeenth session):
     # PART=1: its GPU tests, 16 and 128 concurrent requests with it and without (2-16 rows through

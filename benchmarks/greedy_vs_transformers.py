@@ -13,7 +13,7 @@ Beside the bf16 reference, transformers in fp32 on the same weights is the yards
 over our greedy tokens, both qwick's and transformers' own bf16 log-probabilities are compared with the
 fp32 ones, so that qwick's error reads against what bf16 costs transformers itself. SHAPE=qwen2.5-0.5b
 runs a smaller shape; BATCH=24 generates 24 prompts of 16-199 tokens at once (int4's tiled kernel serves
-17-64-row steps). GPU only: on CPUs qwick repacks bf16 weights, which cannot be exported."""
+decode steps of 2-128 rows). GPU only: on CPUs qwick repacks bf16 weights, which cannot be exported."""
 
 import os
 import sys
