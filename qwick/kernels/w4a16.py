@@ -420,8 +420,8 @@ def w4_tiled_matmul(
     config: TiledW4Config | None = None,
 ) -> torch.Tensor:
     """`x @ W.T + bias` for x [M, K] bf16/fp16 and an int4 weight with integer zero points in groups of
-    64-256 (AWQ, GPTQ, RTN: `row_gemv.w4_row_supported`), through `_w4_tiles_kernel`: the 17-64 rows
-    between the decode kernels and dequantize-then-cuBLAS (`PackedLinearMethod.tiled_max_m`)."""
+    64-256 (AWQ, GPTQ, RTN: `row_gemv.w4_row_supported`), through `_w4_tiles_kernel`: the 2-128 rows
+    between the batch-1 GEMV and dequantize-then-cuBLAS (`PackedLinearMethod.tiled_min_m`, `tiled_max_m`)."""
     m, k = x.shape
     n, wk = weight.shape
     if wk != k or weight.bits != 4 or weight.mins is not None or weight.group_size not in (64, 128, 256):

@@ -103,7 +103,7 @@ class PackedLinearMethod(LinearMethod):
     # tile, in registers; `tiled_w4_config` has the launch shapes and the sweep's figures). H200, 7b
     # shapes, the four layers of a decoder layer, timed in CUDA graphs: at 2-16 rows 115-121 us against
     # 307-431 with the decode kernel `quant_matmul` (which is what groups of 64 codes still take), at 64
-    # rows 184 against 416 with dequantize-then-cuBLAS (which writes the whole layer in bf16 each call).
+    # rows 184 against 327 with dequantize-then-cuBLAS (which writes the whole layer in bf16 each call).
     # 0 for `tiled_max_m`: off.
     tiled_min_m = 2
     tiled_max_m = 128
