@@ -53,6 +53,7 @@
 #                                            # 128-token TTFT with it and without
 #   bash benchmarks/gpu_session.sh int4tiles # the tiled kernel's variants at 2-128 rows
 #   bash benchmarks/gpu_session.sh int4small_e2e  # 8 and 16 concurrent requests, 2-16 rows tiled or not
+#   bash benchmarks/gpu_session.sh int4half  # fp16 models: the tiled kernel's packed fp16 decode, on or off
 #   bash benchmarks/gpu_session.sh int4models  # int4 greedy/logits vs transformers, 8-row decode steps
 #   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
@@ -450,6 +451,20 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     # the seventeenth session), against transformers on the dequantized weights, 7b shapes
     BATCH=8 REF32=0 python benchmarks/greedy_vs_transformers.py int4 2>&1 | grep -E "^(quantization|prompt)|Error"
     ;;
+  int4half)  # fp16 models (Qwen's AWQ / GPTQ-Int4 releases): the tiled kernel decoding in packed fp16
+    # math (`PackedLinearMethod.tiled_half_decode`, off) against fp32 math: the bit-exactness test, the
+    # layer sweep in fp16, then 16 and 64 concurrent fp16 int4 requests with it and without
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py -k bit_for_bit 2>&1 | tail -2
+    DTYPE=float16 MS="2 16 32 64 128" python benchmarks/w4a16_mid_m.py 2>&1 | grep -v -i warn
+    HALF="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.tiled_half_decode = True; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    T="bench throughput --shape qwen2.5-7b --dtype float16 --max-model-len 4096 --input-len 128 --output-len 256 \
+      --num-iters 1 --quantization int4"
+    for n in 16 64; do
+      run t${n}_fp16_int4 $CLI $T --num-prompts $n --output-json "$OUT/t${n}_fp16_int4.json"
+      run t${n}_fp16_int4_half python -c "$HALF" $T --num-prompts $n --output-json "$OUT/t${n}_fp16_int4_half.json"
+    done
+    ;;
   int4pipe_e2e)  # the pipelined tiled kernel at 2-128 rows (the default since the seventeenth session):
     # PART=1: its GPU tests, 16 and 128 concurrent requests with it and without (2-16 rows through
     # `quant_matmul`; 65-128 rows dequantized); PART=2: 8 concurrent with it and without, 32 and 64 with it,
@@ -515,7 +530,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

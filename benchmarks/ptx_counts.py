@@ -105,13 +105,15 @@ def gemv(weight: str, block_n: int, block_k: int, split: int, stages: int):
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
 
-def tiles(block_m: int, nibble: bool):
-    """The tiled W4A16 kernel, 128 outputs by 16-word tiles, zero points per group, K split in four."""
-    sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "b_ptr": "*bf16"}
-    sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
+def tiles(block_m: int, nibble: bool, half: bool = False):
+    """The tiled W4A16 kernel, 128 outputs by 16-word tiles, zero points per group, K split in four; `half`:
+    fp16 activations and scales, decoded in packed fp16 math (else bf16 activations, fp32 math)."""
+    act = "*fp16" if half else "*bf16"
+    sig = {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": act}
+    sig |= {"y_ptr": act, "ws_ptr": "*fp32", "counter_ptr": "*i32"}
     sig |= {n: "i32" for n in ("M", "N", "KW", "stride_xm", "stride_qn", "stride_sn", "stride_ym")}
     const = dict(ZERO_POINT=8, ZERO_MODE=1, HAS_BIAS=False, GROUP_W=16, SPLIT_K=4, BLOCK_M=block_m)
-    const |= dict(BLOCK_N=128, BLOCK_W=16, NIBBLE_DOTS=nibble)
+    const |= dict(BLOCK_N=128, BLOCK_W=16, NIBBLE_DOTS=nibble, HALF_DECODE=half)
     div = [n for n in sig if n.endswith("_ptr") or n in ("N", "KW") or n.startswith("stride")]
     return compile_ptx(_w4_tiles_kernel, sig, const, div, 4, 3)
 
@@ -125,6 +127,8 @@ VARIANTS = {
     "gemv int8 W8A16 (32 x 256)": lambda: gemv("int8", 32, 256, 4, 3),
     "tiles int4 reshape (64 rows)": lambda: tiles(64, False),
     "tiles int4 nibble-pair dots (32 rows)": lambda: tiles(32, True),
+    "tiles int4 nibble-pair dots (16 rows)": lambda: tiles(16, True),
+    "tiles int4 nibble-pair dots, fp16 decode (16 rows)": lambda: tiles(16, True, half=True),
 }
 
 

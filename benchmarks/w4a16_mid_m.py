@@ -1,17 +1,17 @@
 """int4 weights at 2 <= M <= 512 rows (decode batches, short prefills), qwen2.5-7b shapes, RTN int4 group
 128 with zero points, us per call on the GPU (20 calls in one CUDA graph, replayed three times):
 
-- dequantize-then-cuBLAS (one Triton kernel writing the layer in bf16, then cuBLAS: what M > 64 takes);
-- "default": what the layer runs for these rows (`production`: the decode kernel `quant_matmul` at 2-16,
-  the tiled kernel's default launch shape at 17-64, dequantize-then-cuBLAS above);
-- "tiled": the tiled W4A16 kernel (`w4_tiled_matmul`) at its default launch shape (`tiled_w4_config`;
-  at 2-16 rows what `PackedLinearMethod.tiled_min_m = 2` runs), then at the best of the reshape-into-
-  K-order shapes and at the best of a sweep of nibble-pair-dot shapes (BLOCK_M x BLOCK_N, splits,
-  stages; 16-row tiles only up to 16 rows), with the best nibble shape printed per row;
-- with OLD=1, also the decode kernel `quant_matmul` at its M > 16 shapes (2-20x slower in the fifteenth
-  session).
+- dequantize-then-cuBLAS (one Triton kernel writing the layer in bf16, then cuBLAS);
+- "default": what `PackedLinearMethod` runs for these rows (`production`);
+- with OLD=1, the decode kernel `quant_matmul` at its M > 16 shapes (2-20x slower in the fifteenth
+  session); with DTYPE=float16 (fp16 activations), the tiled kernel's default launch with the codes
+  decoded in packed fp16 math (`half_decode`), and whether its output equals the fp32 decode's;
+- "tiled": the tiled W4A16 kernel (`w4_tiled_matmul`) at its default launch shape (`tiled_w4_config`),
+  then at the best of the reshape-into-K-order shapes and at the best of a sweep of nibble-pair-dot
+  shapes (BLOCK_M x BLOCK_N, splits, stages; 16-row tiles only up to 16 rows), with the best nibble
+  shape printed per row.
 
-    [OLD=1] [MS="2 4 8 16"] python benchmarks/w4a16_mid_m.py   # MS: default "32 64 128 256 512"
+    [OLD=1] [DTYPE=float16] [MS="2 4 8 16"] python benchmarks/w4a16_mid_m.py   # MS: "32 64 128 256 512"
 """
 
 import os
@@ -25,9 +25,11 @@ from qwick.bench.gpu_timing import graph_us
 from qwick.kernels.gemv import GemvWorkspace
 from qwick.kernels.w4a16 import QuantGemvConfig, TiledW4Config, dequantize_int4, quant_matmul, w4_tiled_matmul
 from qwick.quantization.formats import rtn
+from qwick.quantization.int4 import PackedLinearMethod
 
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 MS = [int(m) for m in os.environ.get("MS", "32 64 128 256 512").split()]
+DTYPE = getattr(torch, os.environ.get("DTYPE", "bfloat16"))  # float16: also the packed fp16 decode
 OLD = {  # the decode kernel's launch shapes for M > 16
     "old bm64": QuantGemvConfig(128, 128, 1, num_warps=8, num_stages=3, block_m=64),
     "old bm32": QuantGemvConfig(128, 128, 1, num_warps=4, num_stages=3, block_m=32),
@@ -45,13 +47,13 @@ NIBBLE = [
 
 
 def production(x: torch.Tensor, w) -> torch.Tensor:
-    """What `PackedLinearMethod` runs for these rows (2-16: the decode kernel; 17-64: the tiled kernel's
-    default; more: dequantize, then cuBLAS)."""
-    m = x.shape[0]
+    """What `PackedLinearMethod` runs for these rows (groups of 128 codes, M >= 2)."""
+    m, p = x.shape[0], PackedLinearMethod
+    large = w.shape[0] * w.shape[1] >= p.tiled_min_codes_above_64
+    if p.tiled_min_m <= m <= p.tiled_max_m and (m <= 64 or large):
+        return w4_tiled_matmul(x, w, None, ws, half_decode=p.tiled_half_decode)
     if m <= 16:
         return quant_matmul(x, w, None, ws)
-    if m <= 64:
-        return w4_tiled_matmul(x, w, None, ws)
     return F.linear(x, dequantize_int4(w, x.dtype))
 
 
@@ -59,7 +61,9 @@ ws = GemvWorkspace(torch.device("cuda"), max_elems=1 << 24)
 torch.manual_seed(0)
 old = OLD if os.environ.get("OLD") == "1" else {}
 print(
-    f"{'layer':>8} {'M':>5} {'dequant+cuBLAS':>15} {'default':>8} " + " ".join(f"{n:>9}" for n in old), end=""
+    f"{'layer':>8} {'M':>5} {'dequant+cuBLAS':>15} {'default':>8} "
+    + " ".join(f"{n:>9}" for n in [*old, *(["fp16 math"] if DTYPE is torch.float16 else [])]),
+    end="",
 )
 print(
     f" {'tiled':>8} {'reshape':>8} {'nibble':>8}  best nibble shape, rel. diff",
@@ -88,9 +92,9 @@ def _best(configs, m, x, weight):
 
 
 for name, (n, k) in SHAPES.items():
-    weight = rtn.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, 128, 4)
+    weight = rtn.quantize(torch.randn(n, k, device="cuda", dtype=DTYPE) * 0.02, 128, 4)
     for m in MS:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, k, device="cuda", dtype=DTYPE)
         ref = F.linear(x, dequantize_int4(weight, x.dtype))
         dq = graph_us(lambda x=x, w=weight: F.linear(x, dequantize_int4(w, x.dtype)))
         default = graph_us(lambda x=x, w=weight: production(x, w))
@@ -98,6 +102,11 @@ for name, (n, k) in SHAPES.items():
         for cfg in old.values():
             cells.append(f"{graph_us(lambda c=cfg, x=x, w=weight: quant_matmul(x, w, None, ws, c)):9.1f}")
         tiled = graph_us(lambda x=x, w=weight: w4_tiled_matmul(x, w, None, ws))
+        if DTYPE is torch.float16:  # the same launch shape, the codes decoded in packed fp16 math
+            half = graph_us(lambda x=x, w=weight: w4_tiled_matmul(x, w, None, ws, half_decode=True))
+            y = w4_tiled_matmul(x, weight, None, ws, half_decode=True)
+            same = torch.equal(y, w4_tiled_matmul(x, weight, None, ws))
+            cells.append(f"{half:9.1f} ({'equal' if same else 'DIFFERENT'})")
         reshape, nibble = _best(RESHAPE, m, x, weight), _best(NIBBLE, m, x, weight)
         y = w4_tiled_matmul(x, weight, None, ws, nibble[1])
         diff = ((y.float() - ref.float()).norm() / ref.float().norm()).item()

@@ -231,9 +231,16 @@ def quant_matmul(
 
 
 @triton.jit
-def _decode_nibble(words, i: tl.constexpr, z, s, dtype: tl.constexpr):
-    """Nibble i of every word of [BLOCK_N, BLOCK_W] `words`, as `_w4_tiles_kernel` decodes codes: exact
-    (q - z) in fp32 through the bits `q | 0x4B000000`, times the row's scale, rounded once to `dtype`."""
+def _decode_nibble(words, i: tl.constexpr, z, s, dtype: tl.constexpr, HALF: tl.constexpr):
+    """Nibble i of every word of [BLOCK_N, BLOCK_W] `words`, as `formats.layout.dequantize` decodes codes,
+    bit for bit: (q - z) exact, times the row's scale, rounded once to `dtype`. In fp32, q through the bits
+    `q | 0x4B000000` (2^23 + q); with HALF (fp16 activations and fp16 scales) in packed fp16 math, q
+    through the bits `q | 0x6400` (1024 + q): the difference is exact in fp16 too, and fp16's multiply
+    rounds the exact product once, as the fp32 path's final conversion does (about 20% fewer instructions
+    in the sm_90 code of a 16-row tile)."""
+    if HALF:
+        q = (((words >> (4 * i)) & 0xF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+        return (q - (1024.0 + z).to(tl.float16)[:, None]) * s.to(tl.float16)[:, None]
     q = ((words >> (4 * i)) & 0xF) | 0x4B000000
     return ((q.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None]) * s[:, None]).to(dtype)
 
@@ -264,6 +271,7 @@ def _w4_tiles_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
     NIBBLE_DOTS: tl.constexpr,
+    HALF_DECODE: tl.constexpr,
 ):
     """y = x @ W.T (+ b) for int4 W with integer zero points, [BLOCK_M, BLOCK_N] output tiles, K in tiles
     of BLOCK_W words inside one group (one scale and zero point per row and tile). A tile's codes are
@@ -281,7 +289,10 @@ def _w4_tiles_kernel(
     BLOCK_W words, column 2 BLOCK_W p + 2r + h holds x's column 8r + p + 4h), so each dot's x is one
     contiguous slice that Triton's pipeliner copies into shared memory asynchronously (a dot per nibble on
     strided x columns gathered them with synchronous loads: up to 1.9x slower on gate/up and down, even on
-    qkv and o, in the seventeenth session's sweep); and the scales and zero points load one tile ahead."""
+    qkv and o, in the seventeenth session's sweep); and the scales and zero points load one tile ahead.
+
+    HALF_DECODE (with NIBBLE_DOTS; fp16 activations and fp16 scales): the codes decoded in packed fp16
+    math (`_decode_nibble`), the same weights bit for bit."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2).to(tl.int64)  # the epilogue's offsets grow with M * N
@@ -326,8 +337,8 @@ def _w4_tiles_kernel(
                 z = tl.zeros_like(s) + ZERO_POINT
         if NIBBLE_DOTS:  # nibbles p and p + 4 of each word side by side in K: 4 dots
             for p in tl.static_range(4):
-                lo = _decode_nibble(words, p, z, s, x_ptr.dtype.element_ty)
-                hi = _decode_nibble(words, p + 4, z, s, x_ptr.dtype.element_ty)
+                lo = _decode_nibble(words, p, z, s, x_ptr.dtype.element_ty, HALF_DECODE)
+                hi = _decode_nibble(words, p + 4, z, s, x_ptr.dtype.element_ty, HALF_DECODE)
                 w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * BLOCK_W))  # column 2r + h: K 8r + p + 4h
                 xt = tl.load(x_cols + (8 * j + 2 * BLOCK_W * p + rk2)[:, None], mask=m_ok[None, :], other=0.0)
                 acc_t = tl.dot(w, xt, acc_t)
@@ -418,10 +429,13 @@ def w4_tiled_matmul(
     bias: torch.Tensor | None,
     ws: GemvWorkspace,
     config: TiledW4Config | None = None,
+    half_decode: bool = False,
 ) -> torch.Tensor:
     """`x @ W.T + bias` for x [M, K] bf16/fp16 and an int4 weight with integer zero points in groups of
     64-256 (AWQ, GPTQ, RTN: `row_gemv.w4_row_supported`), through `_w4_tiles_kernel`: the 2-128 rows
-    between the batch-1 GEMV and dequantize-then-cuBLAS (`PackedLinearMethod.tiled_min_m`, `tiled_max_m`)."""
+    between the batch-1 GEMV and dequantize-then-cuBLAS (`PackedLinearMethod.tiled_min_m`, `tiled_max_m`).
+    `half_decode`: decode in packed fp16 math where x and the scales are fp16 (nibble dots only; the same
+    weights bit for bit; `PackedLinearMethod.tiled_half_decode`)."""
     m, k = x.shape
     n, wk = weight.shape
     if wk != k or weight.bits != 4 or weight.mins is not None or weight.group_size not in (64, 128, 256):
@@ -480,6 +494,7 @@ def w4_tiled_matmul(
         BLOCK_N=cfg.block_n,
         BLOCK_W=cfg.block_w,
         NIBBLE_DOTS=cfg.nibble_dots,
+        HALF_DECODE=half_decode and cfg.nibble_dots and x.dtype == weight.scales.dtype == torch.float16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

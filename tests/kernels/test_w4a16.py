@@ -166,6 +166,35 @@ def test_tiled_int4_matches_reference(kind, n, k):
     assert int(ws.counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("kind", ["rtn-asym", "gptq-act-order", "rtn-g64"])
+@pytest.mark.parametrize("half_decode", [False, True])
+def test_tiled_int4_multiplies_the_reference_weights_bit_for_bit(kind, half_decode):
+    """One-hot rows of x pick single weights: y[m, n] = W[n, k_m] with nothing to round (the fp32 sum has
+    one nonzero term), so the tiled kernel's decoded weights must equal `dequantize`'s bit for bit, on
+    every variant (reshape, nibble pairs), across K splits, in fp32 decode math and in packed fp16 math
+    (`half_decode`, fp16 x and scales; bf16 x takes the fp32 math whatever the switch)."""
+    from qwick.kernels.w4a16 import TiledW4Config, w4_tiled_matmul
+
+    dev = triton_device()
+    n, k = SHAPES[0]
+    qw = _weight(kind, n, k, dev)
+    ws = gemv_workspace(dev)
+    dtypes = [torch.float16] if INTERPRET else [torch.float16, torch.bfloat16]
+    for dtype in dtypes:
+        w = dequantize(qw, dtype, original_order=True)  # [N, K] in x's column order
+        for m in (5, 16, 20):
+            cols = torch.randperm(k, generator=torch.Generator().manual_seed(m))[:m].to(dev)
+            x = torch.zeros(m, k, device=dev, dtype=dtype)
+            x[torch.arange(m, device=dev), cols] = 1.0
+            configs = [TiledW4Config(32, 64, 8, 2)]
+            if qw.group_size >= 128:
+                pairs = ((16, 2), (32, 1))  # (BLOCK_M, split_k)
+                configs += [TiledW4Config(b, 64, 16, split, nibble_dots=True) for b, split in pairs]
+            for cfg in configs:
+                y = w4_tiled_matmul(x, qw, None, ws, cfg, half_decode=half_decode)
+                assert torch.equal(y, w[:, cols].T), (kind, dtype, m, cfg)
+
+
 def test_tiled_int4_launch_shapes_follow_the_sweep():
     """`tiled_w4_config` at the 7b shapes on 132 SMs (the seventeenth session's sweep): nibble-pair
     dots, 4 warps, on 16-row tiles up to 16 rows, 32-row tiles up to 32 and 64-row tiles above; 128
