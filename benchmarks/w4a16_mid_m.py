@@ -47,7 +47,9 @@ NIBBLE = [
 
 
 def production(x: torch.Tensor, w) -> torch.Tensor:
-    """What `PackedLinearMethod` runs for these rows (groups of 128 codes, M >= 2)."""
+    """What `PackedLinearMethod` runs for these rows (groups of 128 codes, M >= 2), on the sweep's 16M-float
+    workspace: serving's 8M one runs gate/up at 65-128 rows unsplit (133 against 136 us split in two,
+    `benchmarks/int4_eager_host.py`)."""
     m, p = x.shape[0], PackedLinearMethod
     large = w.shape[0] * w.shape[1] >= p.tiled_min_codes_above_64
     if p.tiled_min_m <= m <= p.tiled_max_m and (m <= 64 or large):
