@@ -445,9 +445,10 @@ def w4_tiled_matmul(
         )
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"w4_tiled_matmul takes bf16/fp16 activations, not {x.dtype}")
-    bucket = 1 << max(m - 1, 0).bit_length()
-    workspace = (ws.num_sms, ws.partials.numel(), ws.counters.numel())
-    cfg = config or _default_tiled_launch(bucket, n, k, weight.group_size, *workspace)
+    cfg = config
+    if cfg is None:  # M's power-of-two bucket
+        workspace = (ws.num_sms, ws.partials.numel(), ws.counters.numel())
+        cfg = _default_tiled_launch(1 << max(m - 1, 0).bit_length(), n, k, weight.group_size, *workspace)
     group_w, kw = weight.group_size // 8, k // 8
     if group_w % cfg.block_w or kw % cfg.block_w:
         raise ValueError(f"tiles of {cfg.block_w} words must divide groups of {group_w} and rows of {kw}")

@@ -219,6 +219,19 @@ def test_tiled_int4_launch_shapes_follow_the_sweep():
     assert (group64.block_w, group64.nibble_dots) == (8, False)
 
 
+def test_tiled_int4_default_launch_splits_k_only_where_the_workspace_holds_it():
+    """The default launch of M's power-of-two bucket halves its K splits until the partials fit the
+    workspace: gate/up at 65-128 rows splits K in two with 16M floats, not at all with serving's 8M."""
+    from qwick.kernels.w4a16 import _default_tiled_launch, tiled_w4_config
+
+    gate_up = (37888, 3584, 128, 132)
+    assert tiled_w4_config(128, *gate_up).split_k == 2
+    assert _default_tiled_launch(128, *gate_up, 1 << 24, 1 << 16).split_k == 2
+    assert _default_tiled_launch(128, *gate_up, 1 << 23, 1 << 16).split_k == 1
+    assert _default_tiled_launch(16, *gate_up, 1 << 23, 1 << 16).split_k == 4  # 4 x 16 x 37888 fits
+    assert _default_tiled_launch(16, *gate_up, 1 << 23, 1 << 8).split_k == 1  # too few counters
+
+
 def test_tiled_int4_refuses_what_it_cannot_take():
     from qwick.kernels.w4a16 import TiledW4Config, w4_tiled_matmul
 
