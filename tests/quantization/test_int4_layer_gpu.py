@@ -21,9 +21,9 @@ MS = ROWS_1_TO_4096
 LM_HEAD = (152064, 3584)  # qwen2.5-7b's vocabulary projection
 
 
-def _layer(n: int, k: int, sym: bool, bias: bool) -> Linear:
+def _layer(n: int, k: int, sym: bool, bias: bool, dtype: torch.dtype = torch.bfloat16) -> Linear:
     method = Int4Config(sym=sym).linear_method("model.layers.0.mlp.down_proj", ["x"])
-    layer = Linear(k, n, bias=bias, method=method).cuda().bfloat16()
+    layer = Linear(k, n, bias=bias, method=method).cuda().to(dtype)
     gen = torch.Generator(device="cuda").manual_seed(n + k)
     layer.weight.data.copy_(torch.randn(n, k, device="cuda", generator=gen) / k**0.5)
     if bias:
@@ -33,16 +33,16 @@ def _layer(n: int, k: int, sym: bool, bias: bool) -> Linear:
     return layer
 
 
-def _check(layer: Linear, ms: list[int]) -> None:
-    """Relative error against the dequantized weights (rounded once to bf16, as every path uses them)
-    times x in float64: the kernels' fp32 sums and one bf16 rounding of the output."""
+def _check(layer: Linear, ms: list[int], dtype: torch.dtype = torch.bfloat16) -> None:
+    """Relative error against the dequantized weights (rounded once to `dtype`, as every path uses them)
+    times x in float64: the kernels' fp32 sums and one rounding of the output to `dtype`, x's."""
     n, k = layer.output_size, layer.input_size
-    w = layer.method.dense_weight(layer).bfloat16().double()
+    w = layer.method.dense_weight(layer).to(dtype).double()
     b = layer.bias.double() if layer.bias is not None else 0
     for m in ms:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
         y = layer(x)
-        assert y.shape == (m, n) and y.dtype == torch.bfloat16
+        assert y.shape == (m, n) and y.dtype == dtype
         ref = x.double() @ w.T + b
         rel = ((y.double() - ref).norm() / ref.norm()).item()
         assert rel < 4e-3, f"M={m}: {rel:.2e}"
@@ -54,6 +54,15 @@ def test_int4_layer_matches_dequantized_matmul(n, k, sym):
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     _check(_layer(n, k, sym, bias=not sym), MS)
+
+
+@pytest.mark.parametrize("n,k", SHAPES[:4])
+def test_int4_layer_in_fp16_matches_dequantized_matmul(n, k):
+    """fp16 activations (Qwen's AWQ / GPTQ-Int4 releases): 2-128 rows decode the codes in packed fp16
+    math (`PackedLinearMethod.tiled_half_decode`)."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    _check(_layer(n, k, sym=False, bias=True, dtype=torch.float16), MS, torch.float16)
 
 
 def test_int4_lm_head_matches_dequantized_matmul():
