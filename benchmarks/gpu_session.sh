@@ -55,6 +55,8 @@
 #   bash benchmarks/gpu_session.sh int4small_e2e  # 8 and 16 concurrent requests, 2-16 rows tiled or not
 #   bash benchmarks/gpu_session.sh int4half  # fp16 models: the tiled kernel's packed fp16 decode, on or off
 #   bash benchmarks/gpu_session.sh int4models  # int4 greedy/logits vs transformers, 8-row decode steps
+#   bash benchmarks/gpu_session.sh prefillgraphs  # lone prompts through the prefill CUDA graphs: tests,
+#                                            # TTFT with them and without (bf16, int4, fp8), batch 1
 #   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
@@ -440,6 +442,14 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       run t${n}_int4_small python -c "$SMALL" $T --num-prompts $n --quantization int4 \
         --output-json "$OUT/t${n}_int4_small.json"
     done
+    ;;
+  prefillgraphs)  # a lone prompt chunk of up to 512 tokens replays a CUDA graph (`PREFILL_GRAPH_TOKENS`):
+    # its GPU tests with the decode graphs', then the TTFT with the graphs and without, alternating in one
+    # process (bf16, int4, fp8 at 32, 128 and 512 tokens), and batch 1 as `qwick bench latency` measures it
+    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_prefill_graphs.py \
+      tests/runner/test_cuda_graphs.py tests/runner/test_output_rows.py 2>&1 | tail -3
+    python benchmarks/prefill_graph_ttft.py qwen2.5-7b 10 2>&1 | grep -E "TTFT|prefill|Error"
+    run b1_bf16 $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/b1_bf16.json"
     ;;
   int4ttft)  # int4's short-prompt TTFT with the 65-128-row tiled path and without, alternating in one
     # process (128 and 96 tokens), and the host's eager cost per int4 call beside its GPU time

@@ -131,6 +131,7 @@ class ModelRunner:
         self._check_kv_cache_dtype()
         self.sampler = Sampler(seed=engine_config.seed)
         self.graph_runner = self._make_graph_runner()
+        self.prefill_graphs = self._make_prefill_graph_runner()
         # The last launched step's sampled ids (device) and each request's row in them: the inputs of
         # rows scheduled before those ids reach the host (async scheduling).
         self._prev_sampled: torch.Tensor | None = None
@@ -172,18 +173,52 @@ class ModelRunner:
             device=self.device,
         )
 
+    def _make_prefill_graph_runner(self):
+        """Steps that are one prompt chunk of up to `PREFILL_GRAPH_TOKENS` replay CUDA graphs too, where
+        decode steps do."""
+        from qwick.runner.prefill_graphs import PREFILL_GRAPH_TOKENS, PrefillGraphRunner
+
+        max_tokens = min(
+            PREFILL_GRAPH_TOKENS, default_max_num_batched_tokens(self.config, self.max_model_len)
+        )
+        if self.graph_runner is None or max_tokens < 2:
+            return None
+        return PrefillGraphRunner(
+            self.model,
+            max_tokens=max_tokens,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            device=self.device,
+        )
+
     def _capture_graphs(self) -> None:
         try:
             self.graph_runner.capture()
         except Exception:  # a layer that syncs or allocates on the host: serve eagerly rather than fail
-            logger.exception("CUDA graph capture failed; decode steps run eagerly")
-            self.graph_runner = None
+            logger.exception("CUDA graph capture failed; decode and prefill steps run eagerly")
+            self.graph_runner = self.prefill_graphs = None
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            return
+        if self.prefill_graphs is None:
+            return
+        try:
+            self.prefill_graphs.capture(self.graph_runner.pool)
+        except Exception:
+            logger.exception("prefill CUDA graph capture failed; prefill steps run eagerly")
+            self.prefill_graphs = None
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
 
     @property
     def num_graph_replays(self) -> int:
+        """Decode steps run as CUDA graph replays."""
         return self.graph_runner.num_replays if self.graph_runner is not None else 0
+
+    @property
+    def num_prefill_graph_replays(self) -> int:
+        """Prompt-chunk steps run as CUDA graph replays."""
+        return self.prefill_graphs.num_replays if self.prefill_graphs is not None else 0
 
     @torch.inference_mode()
     def _compile_serving_kernels(self) -> None:
@@ -292,7 +327,10 @@ class ModelRunner:
         peak = torch.cuda.max_memory_reserved(self.device)
         graph_reserve = 0
         if self.graph_runner is not None:
-            graph_reserve = int(1.25 * self.graph_runner.profile_pool_bytes()) + (64 << 20)
+            graph_bytes = self.graph_runner.profile_pool_bytes()
+            if self.prefill_graphs is not None:  # the same pool: a sum over-counts what they share
+                graph_bytes += self.prefill_graphs.profile_pool_bytes()
+            graph_reserve = int(1.25 * graph_bytes) + (64 << 20)
         self.graph_reserve_bytes = graph_reserve
         self._release_kv_cache()
         torch.cuda.empty_cache()
@@ -417,13 +455,24 @@ class ModelRunner:
                 ids.index_copy_(0, dst, prev.index_select(0, src).to(ids.dtype))
 
         graphs = self.graph_runner
+        prefill_graphs = self.prefill_graphs
         out = None
+        one_row_out = False  # hidden is the only row's last token alone
         if (
             graphs is not None
             and len(token_ids) == len(rows)  # pure decode: one token per row
             and graphs.can_run(len(rows), max(len(r.block_table) for r in rows))
         ):
             hidden = graphs.replay(token_ids, positions, [r.block_table for r in rows], patch=patch)
+        elif (
+            prefill_graphs is not None
+            and len(rows) == 1  # one prompt chunk and nothing else
+            and self.sampled_rows_only
+            and prefill_graphs.can_run(len(token_ids), len(rows[0].block_table))
+        ):
+            row = rows[0]
+            hidden = prefill_graphs.replay(token_ids, row.start_pos, row.block_table, patch=patch)
+            one_row_out = True
         else:
             metadata = self.backend.build_metadata(rows)
             ids = to_device(token_ids, torch.long, self.device)
@@ -436,7 +485,7 @@ class ModelRunner:
                 hidden = self.model(ids, pos, out)
         if not sampling_rows:
             return None
-        if out is not None:
+        if out is not None or one_row_out:
             selected = hidden  # the output rows alone, in sampling order
         elif len(logits_indices) == len(token_ids) and hidden.shape[0] >= len(token_ids):
             selected = hidden[: len(token_ids)]  # every row samples its only token: no gather

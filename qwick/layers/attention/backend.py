@@ -149,6 +149,15 @@ class OutputRows:
         self._index: torch.Tensor | None = None
         self._metadata: AttentionMetadata | None = None
 
+    @classmethod
+    def prebuilt(cls, index: torch.Tensor, metadata: AttentionMetadata) -> OutputRows:
+        """Output rows whose index (int64, on the device) and metadata exist already: a CUDA graph's
+        static inputs, which must not be built during capture."""
+        rows = cls.__new__(cls)
+        rows.backend, rows.token_index, rows.rows = None, [], []
+        rows._index, rows._metadata = index, metadata
+        return rows
+
     @property
     def index(self) -> torch.Tensor:
         if self._index is None:

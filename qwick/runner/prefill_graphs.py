@@ -1,0 +1,264 @@
+"""CUDA graphs for a lone prompt's prefill step, captured at bucketed token counts.
+
+A short prompt's prefill is bound by the host, not the GPU: eagerly, the forward of a 7b model launches
+about 340 kernels at ~0.5 ms of Python per layer (the host has launched a 2048-token prefill's 28 layers
+only after 15-18 ms, BENCHMARKS.md), while the GPU needs a few ms for a 128-token prompt. So when a step
+is one prompt chunk and nothing else (one user's request arriving at an idle server: the time to first
+token that a latency-first server is judged by), it replays a graph of the whole forward instead.
+
+Design (the decode graphs' in `qwick.runner.cuda_graphs`, for one row of many tokens):
+- Buckets of 32, 64, 128, 256, 384 and 512 tokens, up to `max_tokens`; a chunk of n tokens (n > 1, after
+  any cached prefix) replays the smallest bucket >= n. Above the largest bucket the GPU's work outlasts
+  the host's launches anyway, and eager steps overlap them.
+- One int32 device buffer holds a step's inputs; for bucket P the layout is `[ids(P) | positions(P) |
+  slots(P) | seq_len, 0, n, n - 1 | block table(W)]`: the context length after the chunk, the row's query
+  range `query_start_loc = [0, n]`, the index of the chunk's last token, then the block table (W columns
+  for `max_model_len`). A step fills a host buffer in that layout and makes one host-to-device copy.
+- Padding tokens n..P-1: token 0 at position 0, slot -1 (the KV write skips it). The prefill kernel reads
+  the row's query count n from the buffer and masks the queries past it, so padding writes no key and no
+  real token attends to one. Padding rows go through the linear layers and norms, which treat rows
+  independently, and never leave the model: the last layer runs for the chunk's last token alone
+  (`OutputRows`, a one-query row over the context: the decode kernel, its split count the backend's at
+  `max_model_len`), as in eager steps.
+- The prefill kernel's tiles and the decode kernel's split scratch are planned on the first (warm-up)
+  forward and kept in each graph's metadata, so the captured forward allocates only from the graph pool.
+- The graphs share the decode graphs' memory pool: replays run one after another on one stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from qwick.forward_context import set_forward_context
+from qwick.layers.attention.backend import AttentionMetadata, OutputRows
+from qwick.runner.cuda_graphs import gc_paused
+
+logger = logging.getLogger(__name__)
+
+# The largest prompt chunk a prefill graph takes (0: no prefill graphs).
+PREFILL_GRAPH_TOKENS = 512
+_BUCKETS = (32, 64, 128, 256, 384, 512)
+
+
+def prefill_buckets(max_tokens: int) -> list[int]:
+    """The token counts of the prefill graphs: `_BUCKETS` up to `max_tokens`, and `max_tokens` itself
+    when it is smaller than the first (a model whose steps hold fewer tokens)."""
+    if max_tokens < 2:
+        return []
+    buckets = [b for b in _BUCKETS if b <= max_tokens]
+    return buckets or [max_tokens]
+
+
+@dataclass
+class _PrefillGraph:
+    tokens: int
+    graph: torch.cuda.CUDAGraph | None
+    hidden: torch.Tensor  # [1, hidden]: the chunk's last token after the final norm
+    metadata: tuple[AttentionMetadata, AttentionMetadata]  # kept alive: their plans hold the scratch
+
+
+class PrefillGraphRunner:
+    """Captures and replays the model forward for steps that are one prompt chunk of 2..max_tokens."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        max_tokens: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.buckets = prefill_buckets(min(max_tokens, max_model_len))
+        self.width = (max_model_len + block_size - 1) // block_size
+        size = self._size(self.buckets[-1]) if self.buckets else 0
+        self.packed = torch.zeros(size, dtype=torch.int32, device=device)
+        self.host = torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.host_np = self.host.numpy()
+        self.one_query = torch.arange(2, dtype=torch.int32, device=device)  # the last token: query range
+        self.row0 = torch.zeros(1, dtype=torch.int32, device=device)  # its decode row
+        self.graphs: dict[int, _PrefillGraph] = {}
+        self.num_replays = 0
+        self.graph_bytes = 0
+        self._uploaded: torch.cuda.Event | None = None  # the last host->device copy of `host`
+
+    # ---- buffers -------------------------------------------------------------------------------------
+    def bucket_for(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n), None)
+
+    def _size(self, p: int) -> int:
+        return 3 * p + 4 + self.width
+
+    def _views(self, p: int) -> dict[str, torch.Tensor]:
+        b = self.packed
+        return {
+            "ids": b[0:p],
+            "pos": b[p : 2 * p],
+            "slots": b[2 * p : 3 * p],
+            "seq_len": b[3 * p : 3 * p + 1],
+            "query_start_loc": b[3 * p + 1 : 3 * p + 3],
+            "last": b[3 * p + 3 : 3 * p + 4],
+            "block_table": b[3 * p + 4 : self._size(p)].view(1, self.width),
+        }
+
+    def _fill_host(self, p: int, token_ids: list[int], start: int, block_table: list[int]) -> None:
+        """Write a chunk's inputs (n <= p tokens from position `start`) into the host buffer in bucket
+        `p`'s layout."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()  # the pinned buffer may still be in flight to the device
+        n = len(token_ids)
+        h = self.host_np
+        bs = self.block_size
+        h[0:n] = token_ids
+        h[n:p] = 0
+        pos = np.arange(start, start + n, dtype=np.int64)
+        h[p : p + n] = pos
+        h[p + n : 2 * p] = 0
+        table = h[3 * p + 4 : self._size(p)]
+        table[:] = 0
+        table[: len(block_table)] = block_table
+        slots = h[2 * p : 3 * p]
+        slots[:n] = table[pos // bs].astype(np.int64) * bs + pos % bs
+        slots[n:] = -1
+        h[3 * p : 3 * p + 4] = (start + n, 0, n, n - 1)
+
+    def _upload(self, p: int) -> None:
+        size = self._size(p)
+        self.packed[:size].copy_(self.host[:size], non_blocking=True)
+        if self.device.type == "cuda":
+            if self._uploaded is None:
+                self._uploaded = torch.cuda.Event()
+            self._uploaded.record()
+
+    def _metadata(self, p: int) -> tuple[AttentionMetadata, AttentionMetadata]:
+        """Bucket `p`'s attention metadata over the buffer's views: the chunk as one row of p queries
+        (the prefill kernel), and its last token as a one-query row (the decode kernel)."""
+        from qwick.layers.attention.triton_backend import _TritonPlan
+
+        v = self._views(p)
+        common = dict(
+            num_rows=1,
+            block_size=self.block_size,
+            seq_lens=v["seq_len"],
+            block_tables=v["block_table"],
+            max_seq_len=self.max_model_len,
+            seq_lens_cpu=[self.max_model_len],
+        )
+        chunk = AttentionMetadata(
+            num_tokens=p,
+            slot_mapping=v["slots"],  # replaced by the int64 copy inside the captured forward
+            query_start_loc=v["query_start_loc"],
+            max_query_len=p,
+            query_lens_cpu=[p],
+            **common,
+        )
+        chunk.plan["triton"] = _TritonPlan(
+            num_decode=0, decode_rows=None, decode_max_seq_len=0, extend_rows=[(0, p)]
+        )
+        last = AttentionMetadata(
+            num_tokens=1,
+            slot_mapping=v["slots"][:1],  # unused: the chunk's forward writes the keys and values
+            query_start_loc=self.one_query,
+            max_query_len=1,
+            query_lens_cpu=[1],
+            **common,
+        )
+        last.plan["triton"] = _TritonPlan(
+            num_decode=1, decode_rows=self.row0, decode_max_seq_len=self.max_model_len, extend_rows=[]
+        )
+        return chunk, last
+
+    def _forward(self, p: int, metadata: tuple[AttentionMetadata, AttentionMetadata]) -> torch.Tensor:
+        """The captured body: int32 inputs -> int64, then the model forward to the last token."""
+        v = self._views(p)
+        chunk, last = metadata
+        chunk.slot_mapping = v["slots"].long()
+        out = OutputRows.prebuilt(v["last"].long(), last)
+        with set_forward_context(chunk):
+            return self.model(v["ids"].long(), v["pos"].long(), out)
+
+    # ---- capture -------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run_eager(self, p: int, token_ids: list[int] | None = None, start: int = 0, block_table=None):
+        """Bucket `p`'s forward, eagerly: for memory profiling, warm-ups and tests. Without tokens, one
+        token 0 whose key and value land in the null block 0. Returns (hidden [1, hidden], metadata)."""
+        self._fill_host(p, token_ids or [0], start, block_table or [])
+        self._upload(p)
+        metadata = self._metadata(p)
+        return self._forward(p, metadata), metadata
+
+    def profile_pool_bytes(self) -> int:
+        """About the bytes the graphs add to the shared pool: every bucket's forward run eagerly in
+        capture order from an emptied cache, each keeping its output and scratch alive as its graph will."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_reserved(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        kept = [self.run_eager(p) for p in reversed(self.buckets)]
+        torch.cuda.synchronize(self.device)
+        used = torch.cuda.max_memory_reserved(self.device) - base
+        del kept
+        return used
+
+    @torch.inference_mode()
+    def capture(self, pool) -> None:
+        """Capture every bucket, largest first, into `pool` (the decode graphs')."""
+        t0 = time.perf_counter()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(self.device)
+        with gc_paused():
+            for p in reversed(self.buckets):
+                # Warm-up: Triton compiles, cuBLAS picks its kernels, the metadata's plans get their
+                # tiles and scratch buffers (allocated here, outside the capture).
+                _, metadata = self.run_eager(p)
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    hidden = self._forward(p, metadata)
+                self.graphs[p] = _PrefillGraph(p, graph, hidden, metadata)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        self.graph_bytes = torch.cuda.memory_reserved(self.device) - before
+        logger.info(
+            "captured %d prefill CUDA graphs (%d..%d tokens) in %.1f s, %.1f MiB",
+            len(self.graphs),
+            self.buckets[0],
+            self.buckets[-1],
+            time.perf_counter() - t0,
+            self.graph_bytes / 2**20,
+        )
+
+    # ---- replay --------------------------------------------------------------------------------------
+    def can_run(self, num_tokens: int, table_len: int) -> bool:
+        return bool(self.graphs) and 1 < num_tokens <= self.buckets[-1] and table_len <= self.width
+
+    def replay(
+        self,
+        token_ids: list[int],
+        start: int,
+        block_table: list[int],
+        patch: Callable[[torch.Tensor], None] | None = None,
+    ) -> torch.Tensor:
+        """Run one prompt chunk (token_ids at positions start..); returns the final hidden state of its
+        last token, [1, hidden] (a view of the graph's output: read it before the next replay). `patch(ids)`
+        may overwrite token ids on the device after the upload, as in decode replays."""
+        p = self.bucket_for(len(token_ids))
+        g = self.graphs[p]
+        self._fill_host(p, token_ids, start, block_table)
+        self._upload(p)
+        if patch is not None:
+            patch(self._views(p)["ids"])
+        g.graph.replay()
+        self.num_replays += 1
+        return g.hidden

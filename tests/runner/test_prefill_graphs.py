@@ -1,0 +1,153 @@
+"""CUDA graphs for a lone prompt chunk: the buckets, the padded input layout, the padded forward against the
+eager step (under Triton's interpreter on the CPU too), and on the GPU the same tokens as eager serving with
+the graphs really replayed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from qwick import LLM, SamplingParams
+from qwick.forward_context import set_forward_context
+from qwick.layers.attention.backend import AttentionRow, OutputRows, kv_cache_tensor
+from qwick.loader.model_loader import build_model
+from qwick.runner.prefill_graphs import PrefillGraphRunner, prefill_buckets
+from tests.triton_utils import triton_device
+from tests.utils import make_tiny_model
+
+BLOCK = 16
+
+
+def test_prefill_buckets():
+    assert prefill_buckets(512) == [32, 64, 128, 256, 384, 512]
+    assert prefill_buckets(8192) == [32, 64, 128, 256, 384, 512]
+    assert prefill_buckets(300) == [32, 64, 128, 256]
+    assert prefill_buckets(20) == [20]  # steps of fewer tokens than the first bucket
+    assert prefill_buckets(1) == []
+
+
+def test_inputs_are_padded_into_the_bucket_layout():
+    """Tokens past the chunk are token 0 at position 0 with slot -1 (no KV write); the row's query range
+    is the chunk's, its context includes the cached prefix, its last token is the output row."""
+    runner = PrefillGraphRunner(
+        torch.nn.Identity(), max_tokens=64, max_model_len=128, block_size=BLOCK, device=torch.device("cpu")
+    )
+    chunk = list(range(100, 140))  # 40 tokens after a 20-token prefix: bucket 64
+    p = runner.bucket_for(len(chunk))
+    assert p == 64 and runner.bucket_for(65) is None
+    table = [7, 3, 9, 4]
+    runner._fill_host(p, chunk, 20, table)
+    runner._upload(p)
+    v = runner._views(p)
+    pos = torch.arange(20, 60)
+    assert v["ids"][:40].tolist() == chunk and not v["ids"][40:].any()
+    assert torch.equal(v["pos"][:40], pos.int()) and not v["pos"][40:].any()
+    assert v["slots"][:40].tolist() == [table[i // BLOCK] * BLOCK + i % BLOCK for i in pos.tolist()]
+    assert (v["slots"][40:] == -1).all()
+    assert v["seq_len"].tolist() == [60]
+    assert v["query_start_loc"].tolist() == [0, 40]
+    assert v["last"].tolist() == [39]
+    assert v["block_table"].tolist() == [table + [0] * (runner.width - 4)]
+    assert not runner.can_run(40, 4)  # nothing captured
+    runner.graphs = dict.fromkeys(runner.buckets)
+    assert runner.can_run(2, 4) and runner.can_run(64, runner.width)
+    assert not runner.can_run(1, 4) and not runner.can_run(65, 4) and not runner.can_run(40, runner.width + 1)
+
+
+def _eager_step(model, backend, chunk: list[int], start: int, table: list[int], device) -> torch.Tensor:
+    """The eager step's forward of one prompt chunk (`ModelRunner.launch`): every token, the last one out."""
+    row = AttentionRow(start, len(chunk), table)
+    md = backend.build_metadata([row])
+    out = OutputRows(backend, [len(chunk) - 1], [row.last_query()])
+    ids = torch.tensor(chunk, device=device)
+    pos = torch.arange(start, start + len(chunk), device=device)
+    with set_forward_context(md), torch.inference_mode():
+        return model(ids, pos, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.interpret
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_padded_forward_matches_the_eager_step(tmp_path, arch):
+    """A 70-token prompt in two chunks (40 tokens, then 30 after the cached 40): the padded bucket's last
+    token equals the eager step's, the real tokens' keys and values are the eager step's, and the padding
+    writes nothing into the cache."""
+    from qwick.layers.attention.triton_backend import TritonAttentionBackend
+
+    device = triton_device()
+    make_tiny_model(arch, str(tmp_path))
+    config = AutoConfig.from_pretrained(str(tmp_path))
+    model = build_model(config, str(tmp_path), dtype=torch.float32, device=device, max_len=256)
+    backend = TritonAttentionBackend(BLOCK, device)
+    layers = model.attention_layers()
+    for layer in layers:
+        layer.kv_cache = kv_cache_tensor(
+            lambda shape: torch.zeros(shape, device=device), 12, BLOCK, layer.num_kv_heads, layer.head_dim
+        )
+        layer.backend = backend
+    runner = PrefillGraphRunner(model, max_tokens=64, max_model_len=256, block_size=BLOCK, device=device)
+    prompt = torch.randint(2, 300, (70,), generator=torch.Generator().manual_seed(0)).tolist()
+    table = [5, 2, 8, 3, 9]  # not in order; blocks 0 (null), 1, 4, 6, 7, 10, 11 stay untouched
+    untouched = [0, 1, 4, 6, 7, 10, 11]
+    for start, end in ((0, 40), (40, 70)):
+        chunk = prompt[start:end]
+        before = [layer.kv_cache.clone() for layer in layers]
+        want = _eager_step(model, backend, chunk, start, table, device)
+        want_caches = [layer.kv_cache.clone() for layer in layers]
+        for layer, cache in zip(layers, before):
+            layer.kv_cache.copy_(cache)
+        got, _ = runner.run_eager(runner.bucket_for(len(chunk)), chunk, start, table)
+        assert got.shape == want.shape == (1, config.hidden_size)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        for layer, cache, want_cache in zip(layers, before, want_caches):
+            torch.testing.assert_close(layer.kv_cache, want_cache, atol=1e-5, rtol=1e-5)
+            assert torch.equal(layer.kv_cache[:, untouched], cache[:, untouched])
+
+
+def _serve_one_at_a_time(path: str, dtype: str, enforce_eager: bool, prompts: list[list[int]]):
+    llm = LLM(
+        path,
+        dtype=dtype,
+        device="cuda",
+        attention_backend="triton",
+        enforce_eager=enforce_eager,
+        max_model_len=1024,
+        max_num_seqs=8,
+        num_gpu_blocks_override=256,
+    )
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    tokens = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    runner = llm.llm_engine.core.runner
+    alone = runner.num_prefill_graph_replays
+    # Two prompts in one step, and a prompt longer than the largest bucket: eager prefills.
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts[:2], params, use_tqdm=False)]
+    llm.generate([prompts[-1] * 3], params, use_tqdm=False)
+    extra = runner.num_prefill_graph_replays - alone
+    has_graphs = runner.prefill_graphs is not None
+    del llm
+    torch.cuda.empty_cache()
+    return tokens, together, alone, extra, has_graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prefill_graphs_give_the_eager_tokens(tiny_qwen2_dir, dtype):
+    """Prompts of 2-300 tokens served one at a time: each prefill replays a graph (the one of 260 tokens
+    hits the prefix cache after the 250-token prompt: a 10-token chunk over a cached context), and the
+    greedy tokens are eager serving's."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    g = torch.Generator().manual_seed(0)
+    lengths = (2, 31, 33, 100, 250, 300)
+    prompts = [torch.randint(2, 300, (n,), generator=g).tolist() for n in lengths]
+    prompts.append(prompts[4] + torch.randint(2, 300, (10,), generator=g).tolist())
+    eager, eager_together, eager_alone, _, eager_graphs = _serve_one_at_a_time(
+        tiny_qwen2_dir, dtype, True, prompts
+    )
+    graph, graph_together, alone, extra, has_graphs = _serve_one_at_a_time(
+        tiny_qwen2_dir, dtype, False, prompts
+    )
+    assert not eager_graphs and eager_alone == 0
+    assert has_graphs and alone == len(prompts) and extra == 0
+    assert graph == eager and graph_together == eager_together
