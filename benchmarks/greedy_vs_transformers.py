@@ -13,7 +13,9 @@ Beside the bf16 reference, transformers in fp32 on the same weights is the yards
 over our greedy tokens, both qwick's and transformers' own bf16 log-probabilities are compared with the
 fp32 ones, so that qwick's error reads against what bf16 costs transformers itself. SHAPE=qwen2.5-0.5b
 runs a smaller shape; BATCH=24 generates 24 prompts of 16-199 tokens at once (int4's tiled kernel serves
-decode steps of 2-128 rows). GPU only: on CPUs qwick repacks bf16 weights, which cannot be exported."""
+decode steps of 2-128 rows); ONE_BY_ONE=1 generates the prompts one at a time (prompts of up to 512
+tokens then prefill through the prefill CUDA graphs). GPU only: on CPUs qwick repacks bf16 weights,
+which cannot be exported."""
 
 import os
 import sys
@@ -52,7 +54,11 @@ runs = []
 for rows_only in settings:  # the last layer for the sampling tokens only (the default), or for all
     llm.llm_engine.core.runner.sampled_rows_only = rows_only
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True, logprobs=1)
-    runs += [(rows_only, p, o) for p, o in zip(prompts, llm.generate(prompts, params, use_tqdm=False))]
+    if os.environ.get("ONE_BY_ONE") == "1":  # each prompt alone: its prefill replays a prefill graph
+        outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    else:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    runs += [(rows_only, p, o) for p, o in zip(prompts, outs)]
 
 
 def token_logprobs(m, prompt: list[int], tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

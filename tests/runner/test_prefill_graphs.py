@@ -112,7 +112,7 @@ def _serve_one_at_a_time(path: str, dtype: str, enforce_eager: bool, prompts: li
         device="cuda",
         attention_backend="triton",
         enforce_eager=enforce_eager,
-        max_model_len=1024,
+        max_model_len=512,
         max_num_seqs=8,
         num_gpu_blocks_override=256,
     )
@@ -122,7 +122,7 @@ def _serve_one_at_a_time(path: str, dtype: str, enforce_eager: bool, prompts: li
     alone = runner.num_prefill_graph_replays
     # Two prompts in one step, and a prompt longer than the largest bucket: eager prefills.
     together = [o.outputs[0].token_ids for o in llm.generate(prompts[:2], params, use_tqdm=False)]
-    llm.generate([prompts[-1] * 3], params, use_tqdm=False)
+    llm.generate([list(range(5, 305))], params, use_tqdm=False)
     extra = runner.num_prefill_graph_replays - alone
     has_graphs = runner.prefill_graphs is not None
     del llm
@@ -132,14 +132,17 @@ def _serve_one_at_a_time(path: str, dtype: str, enforce_eager: bool, prompts: li
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_prefill_graphs_give_the_eager_tokens(tiny_qwen2_dir, dtype):
-    """Prompts of 2-300 tokens served one at a time: each prefill replays a graph (the one of 260 tokens
-    hits the prefix cache after the 250-token prompt: a 10-token chunk over a cached context), and the
-    greedy tokens are eager serving's."""
+def test_prefill_graphs_give_the_eager_tokens(tiny_qwen2_dir, dtype, monkeypatch):
+    """Prompts of 2-250 tokens served one at a time, with graphs of up to 256 tokens: each prefill replays
+    a graph (the 260-token prompt hits the prefix cache after the 250-token one: a 20-token chunk over a
+    cached context), and the greedy tokens are eager serving's."""
+    from qwick.runner import prefill_graphs
+
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
+    monkeypatch.setattr(prefill_graphs, "PREFILL_GRAPH_TOKENS", 256)
     g = torch.Generator().manual_seed(0)
-    lengths = (2, 31, 33, 100, 250, 300)
+    lengths = (2, 31, 33, 100, 250)
     prompts = [torch.randint(2, 300, (n,), generator=g).tolist() for n in lengths]
     prompts.append(prompts[4] + torch.randint(2, 300, (10,), generator=g).tolist())
     eager, eager_together, eager_alone, _, eager_graphs = _serve_one_at_a_time(
