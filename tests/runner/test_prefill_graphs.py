@@ -21,7 +21,7 @@ BLOCK = 16
 
 def test_prefill_buckets():
     assert prefill_buckets(512) == [32, 64, 128, 256, 384, 512]
-    assert prefill_buckets(8192) == [32, 64, 128, 256, 384, 512]
+    assert prefill_buckets(8192) == [32, 64, 128, 256, 384, 512, 768, 1024]
     assert prefill_buckets(300) == [32, 64, 128, 256]
     assert prefill_buckets(20) == [20]  # steps of fewer tokens than the first bucket
     assert prefill_buckets(1) == []
