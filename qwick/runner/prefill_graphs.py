@@ -37,7 +37,7 @@ import torch
 
 from qwick.forward_context import set_forward_context
 from qwick.layers.attention.backend import AttentionMetadata, OutputRows
-from qwick.runner.cuda_graphs import gc_paused
+from qwick.runner.cuda_graphs import gc_paused, peak_allocated_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -201,16 +201,8 @@ class PrefillGraphRunner:
 
     def profile_pool_bytes(self) -> int:
         """About the bytes the graphs add to the shared pool: every bucket's forward run eagerly in
-        capture order from an emptied cache, each keeping its output and scratch alive as its graph will."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        base = torch.cuda.memory_reserved(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        kept = [self.run_eager(p) for p in reversed(self.buckets)]
-        torch.cuda.synchronize(self.device)
-        used = torch.cuda.max_memory_reserved(self.device) - base
-        del kept
-        return used
+        capture order, each keeping its output and scratch alive as its graph will."""
+        return peak_allocated_bytes(lambda: [self.run_eager(p) for p in reversed(self.buckets)], self.device)
 
     @torch.inference_mode()
     def capture(self, pool) -> None:
