@@ -443,7 +443,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         --output-json "$OUT/t${n}_int4_small.json"
     done
     ;;
-  prefillgraphs)  # a lone prompt chunk of up to 512 tokens replays a CUDA graph (`PREFILL_GRAPH_TOKENS`):
+  prefillgraphs)  # a lone prompt chunk of up to 1,024 tokens replays a CUDA graph (`PREFILL_GRAPH_TOKENS`):
     # its GPU tests with the decode graphs', then the TTFT with the graphs and without, alternating in one
     # process (bf16, int4, fp8 at 32, 128 and 512 tokens), and batch 1 as `qwick bench latency` measures it
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_prefill_graphs.py \

@@ -13,7 +13,7 @@ Beside the bf16 reference, transformers in fp32 on the same weights is the yards
 over our greedy tokens, both qwick's and transformers' own bf16 log-probabilities are compared with the
 fp32 ones, so that qwick's error reads against what bf16 costs transformers itself. SHAPE=qwen2.5-0.5b
 runs a smaller shape; BATCH=24 generates 24 prompts of 16-199 tokens at once (int4's tiled kernel serves
-decode steps of 2-128 rows); ONE_BY_ONE=1 generates the prompts one at a time (prompts of up to 512
+decode steps of 2-128 rows); ONE_BY_ONE=1 generates the prompts one at a time (prompts of up to 1,024
 tokens then prefill through the prefill CUDA graphs). GPU only: on CPUs qwick repacks bf16 weights,
 which cannot be exported."""
 
