@@ -116,3 +116,20 @@ QWEN_7B_14B_LINEAR_SHAPES = [
     (5120, 13824),
 ]
 ROWS_1_TO_4096 = [1, 2, 7, 16, 17, 64, 256, 1024, 4096]
+
+
+def gpu_graph_llm(path: str, dtype: str, enforce_eager: bool, max_model_len: int):
+    """An `LLM` of a tiny model on the GPU with Triton attention, CUDA graphs on or off (`enforce_eager`):
+    the graph tests' eager-against-graphs pair."""
+    from qwick import LLM
+
+    return LLM(
+        path,
+        dtype=dtype,
+        device="cuda",
+        attention_backend="triton",
+        enforce_eager=enforce_eager,
+        max_model_len=max_model_len,
+        max_num_seqs=8,
+        num_gpu_blocks_override=256,
+    )

@@ -8,8 +8,9 @@ import gc
 import pytest
 import torch
 
-from qwick import LLM, SamplingParams
+from qwick import SamplingParams
 from qwick.runner.cuda_graphs import DecodeGraphRunner, decode_buckets, gc_paused
+from tests.utils import gpu_graph_llm
 
 
 def test_decode_buckets():
@@ -21,16 +22,7 @@ def test_decode_buckets():
 
 
 def _run(path, dtype, enforce_eager, batches):
-    llm = LLM(
-        path,
-        dtype=dtype,
-        device="cuda",
-        attention_backend="triton",
-        enforce_eager=enforce_eager,
-        max_model_len=512,
-        max_num_seqs=8,
-        num_gpu_blocks_override=256,
-    )
+    llm = gpu_graph_llm(path, dtype, enforce_eager, max_model_len=512)
     g = torch.Generator().manual_seed(0)
     results = []
     for n in batches:

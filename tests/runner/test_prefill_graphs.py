@@ -8,13 +8,13 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from qwick import LLM, SamplingParams
+from qwick import SamplingParams
 from qwick.forward_context import set_forward_context
 from qwick.layers.attention.backend import AttentionRow, OutputRows, kv_cache_tensor
 from qwick.loader.model_loader import build_model
 from qwick.runner.prefill_graphs import PrefillGraphRunner, prefill_buckets
 from tests.triton_utils import triton_device
-from tests.utils import make_tiny_model
+from tests.utils import gpu_graph_llm, make_tiny_model
 
 BLOCK = 16
 
@@ -106,16 +106,7 @@ def test_padded_forward_matches_the_eager_step(tmp_path, arch):
 
 
 def _serve_one_at_a_time(path: str, dtype: str, enforce_eager: bool, prompts: list[list[int]]):
-    llm = LLM(
-        path,
-        dtype=dtype,
-        device="cuda",
-        attention_backend="triton",
-        enforce_eager=enforce_eager,
-        max_model_len=512,
-        max_num_seqs=8,
-        num_gpu_blocks_override=256,
-    )
+    llm = gpu_graph_llm(path, dtype, enforce_eager, max_model_len=512)
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     tokens = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
     runner = llm.llm_engine.core.runner
