@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -139,6 +140,11 @@ class ModelRunner:
         # Eager steps run the model's last layer past its KV write only for the tokens that sample
         # (`OutputRows`); off, every token goes through the whole model (for A/B measurements).
         self.sampled_rows_only = True
+        # Steps of decode rows and one prompt chunk of at most this many tokens run as two graph replays,
+        # the decode rows' and then the chunk's, instead of one eager forward (0: off). Each replay reads
+        # every weight, but an eager forward of a short chunk waits on the host (~0.5 ms a layer at 7b
+        # shapes). Off until timed on a GPU (`gpu_session.sh mixedsplit`).
+        self.split_mixed_max_tokens = 0
         self.graph_reserve_bytes = 0  # set by the GPU memory profile when graphs are on
         self.num_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_blocks)
@@ -424,6 +430,7 @@ class ModelRunner:
         rows: list[AttentionRow] = []
         logits_indices: list[int] = []
         sampling_rows = []
+        sampling_row_index: list[int] = []  # each sampling row's index in `rows`
         patch_dst: list[int] = []  # input slots filled from the previous step's sampled ids
         patch_src: list[int] = []
         for item in scheduled:
@@ -445,19 +452,13 @@ class ModelRunner:
             if item.sample:
                 logits_indices.append(len(token_ids) - 1)
                 sampling_rows.append(item)
-        patch = None
-        if patch_dst:
-            dst = to_device(patch_dst, torch.long, self.device)
-            src = to_device(patch_src, torch.long, self.device)
-            prev = self._prev_sampled
-
-            def patch(ids: torch.Tensor) -> None:
-                ids.index_copy_(0, dst, prev.index_select(0, src).to(ids.dtype))
-
+                sampling_row_index.append(len(rows) - 1)
+        patch = self._patch(patch_dst, patch_src)
         graphs = self.graph_runner
         prefill_graphs = self.prefill_graphs
         out = None
         one_row_out = False  # hidden is the only row's last token alone
+        selected = None  # the sampling rows' hidden states, when a path gives them directly
         if (
             graphs is not None
             and len(token_ids) == len(rows)  # pure decode: one token per row
@@ -473,6 +474,10 @@ class ModelRunner:
             row = rows[0]
             hidden = prefill_graphs.replay(token_ids, row.start_pos, row.block_table, patch=patch)
             one_row_out = True
+        elif (
+            split := self._split_replay(rows, token_ids, positions, patch_dst, patch_src, sampling_row_index)
+        ) is not None:
+            selected = split
         else:
             metadata = self.backend.build_metadata(rows)
             ids = to_device(token_ids, torch.long, self.device)
@@ -485,7 +490,9 @@ class ModelRunner:
                 hidden = self.model(ids, pos, out)
         if not sampling_rows:
             return None
-        if out is not None or one_row_out:
+        if selected is not None:
+            pass  # the split step gathered them
+        elif out is not None or one_row_out:
             selected = hidden  # the output rows alone, in sampling order
         elif len(logits_indices) == len(token_ids) and hidden.shape[0] >= len(token_ids):
             selected = hidden[: len(token_ids)]  # every row samples its only token: no gather
@@ -505,6 +512,66 @@ class ModelRunner:
                 ready = torch.cuda.Event()
                 ready.record()
         return LaunchedStep(sampling_rows, sampled, ready)
+
+    def _patch(self, dst: list[int], src: list[int]) -> Callable[[torch.Tensor], None] | None:
+        """A function that fills input slots `dst` of a step's token ids (on the device) with the previous
+        launched step's sampled ids at `src` (async scheduling); None when there are none."""
+        if not dst:
+            return None
+        dst_dev = to_device(dst, torch.long, self.device)
+        src_dev = to_device(src, torch.long, self.device)
+        prev = self._prev_sampled
+
+        def patch(ids: torch.Tensor) -> None:
+            ids.index_copy_(0, dst_dev, prev.index_select(0, src_dev).to(ids.dtype))
+
+        return patch
+
+    def _split_replay(
+        self,
+        rows: list[AttentionRow],
+        token_ids: list[int],
+        positions: list[int],
+        patch_dst: list[int],
+        patch_src: list[int],
+        sampling_row_index: list[int],
+    ) -> torch.Tensor | None:
+        """A step of decode rows and one prompt chunk of at most `split_mixed_max_tokens` tokens: the decode
+        rows replay a decode graph, then the chunk a prefill graph (a row's attention reads only its own
+        context, so the halves are independent). Returns the sampling rows' hidden states in sampling
+        order, or None when the step does not qualify.
+
+        In this order the decode graph's output survives the prefill replay: it was alive while the
+        prefill graphs were captured into the shared pool, so none of their tensors lies over it."""
+        graphs, prefill_graphs = self.graph_runner, self.prefill_graphs
+        if self.split_mixed_max_tokens <= 0 or graphs is None or prefill_graphs is None:
+            return None
+        chunks = [i for i, r in enumerate(rows) if r.num_tokens > 1]
+        if len(chunks) != 1 or len(rows) < 2 or not self.sampled_rows_only:
+            return None
+        c = chunks[0]
+        chunk, n = rows[c], rows[c].num_tokens
+        decode = rows[:c] + rows[c + 1 :]
+        if (
+            n > self.split_mixed_max_tokens
+            or not prefill_graphs.can_run(n, len(chunk.block_table))
+            or not graphs.can_run(len(decode), max(len(r.block_table) for r in decode))
+            or any(c <= t < c + n for t in patch_dst)  # the chunk's own input in flight
+        ):
+            return None
+        # Flat token t is decode row t before the chunk (t < c), decode row t - n after it (t >= c + n).
+        dec_tokens = [*range(c), *range(c + n, len(token_ids))]
+        dec_patch = self._patch([t if t < c else t - n for t in patch_dst], patch_src)
+        hidden = graphs.replay(
+            [token_ids[t] for t in dec_tokens],
+            [positions[t] for t in dec_tokens],
+            [r.block_table for r in decode],
+            patch=dec_patch,
+        )
+        last = prefill_graphs.replay(token_ids[c : c + n], chunk.start_pos, chunk.block_table)
+        both = torch.cat([hidden[: len(decode)], last])  # decode rows in order, then the chunk's token
+        order = [len(decode) if i == c else i - (i > c) for i in sampling_row_index]
+        return both[to_device(order, torch.long, self.device)]
 
     def _output_rows(
         self, scheduled: list, rows: list[AttentionRow], logits_indices: list[int], num_tokens: int
