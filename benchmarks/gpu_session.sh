@@ -57,6 +57,8 @@
 #   bash benchmarks/gpu_session.sh int4models  # int4 greedy/logits vs transformers, 8-row decode steps
 #   bash benchmarks/gpu_session.sh prefillgraphs  # lone prompts through the prefill CUDA graphs: tests,
 #                                            # TTFT with them and without (bf16, int4, fp8), batch 1
+#   bash benchmarks/gpu_session.sh mixedsplit  # decode rows + one prompt chunk as two graph replays:
+#                                            # its GPU test, TTFT beside 8 / 64 decoders, split or eager
 #   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
@@ -450,6 +452,17 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       tests/runner/test_cuda_graphs.py tests/runner/test_output_rows.py 2>&1 | tail -3
     python benchmarks/prefill_graph_ttft.py qwen2.5-7b 10 2>&1 | grep -E "TTFT|prefill|Error"
     run b1_bf16 $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/b1_bf16.json"
+    ;;
+  mixedsplit)  # steps of decode rows and one prompt chunk as two graph replays (`split_mixed_max_tokens`,
+    # off): its GPU test, then the TTFT of prompts arriving beside 8 and 64 decoders, split and eager
+    # alternating in one process (128- and 1024-token prompts; bf16, int4), to pick the chunk limit
+    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_split_mixed_steps.py 2>&1 | tail -2
+    for busy in 8 64; do
+      for len in 128 1024; do
+        BUSY=$busy LEN=$len python benchmarks/mixed_split_ttft.py qwen2.5-7b 8 2>&1 | grep -E "TTFT|Error"
+      done
+    done
+    QUANT=int4 BUSY=8 LEN=128 python benchmarks/mixed_split_ttft.py qwen2.5-7b 8 2>&1 | grep -E "TTFT|Error"
     ;;
   int4ttft)  # int4's short-prompt TTFT with the 65-128-row tiled path and without, alternating in one
     # process (128 and 96 tokens), and the host's eager cost per int4 call beside its GPU time

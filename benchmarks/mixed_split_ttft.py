@@ -52,6 +52,7 @@ for i in range(pairs + 2):  # the first two pairs warm up
         for _ in range(3):  # plain decode steps between arrivals
             eng.step()
 line = ", ".join(
-    f"{name} median {statistics.median(t) * 1e3:6.2f} ms (min {min(t) * 1e3:6.2f})" for name, t in ttft.items()
+    f"{name} median {statistics.median(t) * 1e3:6.2f} ms (min {min(t) * 1e3:6.2f})"
+    for name, t in ttft.items()
 )
 print(f"TTFT beside {busy} decoders, {n}-token prompts ({quant or 'bf16'}): {line}", flush=True)
