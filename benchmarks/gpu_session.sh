@@ -59,6 +59,8 @@
 #                                            # TTFT with them and without (bf16, int4, fp8), batch 1
 #   bash benchmarks/gpu_session.sh mixedsplit  # decode rows + one prompt chunk as two graph replays:
 #                                            # its GPU test, TTFT beside 8 / 64 decoders, split or eager
+#   bash benchmarks/gpu_session.sh decodewrite  # the decode kernel writing the new keys and values:
+#                                            # tests, batch 1 with it and without
 #   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
@@ -463,6 +465,23 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       done
     done
     QUANT=int4 BUSY=8 LEN=128 python benchmarks/mixed_split_ttft.py qwen2.5-7b 8 2>&1 | grep -E "TTFT|Error"
+    ;;
+  decodewrite)  # pure decode steps writing their keys and values inside the decode kernel
+    # (`FUSE_DECODE_WRITE`, off): its GPU tests, then batch 1 (bf16, int4, fp8) with it and without,
+    # alternating processes
+    python -m pytest -q -m gpu -p no:cacheprovider tests/layers/test_triton_attention.py \
+      -k "writes_the_new_keys or rope_fused" 2>&1 | tail -2
+    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py 2>&1 | tail -2
+    FUSED="import sys; import qwick.layers.attention.triton_backend as T; T.FUSE_DECODE_WRITE = True; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in none int4 fp8; do
+      Q=$([ $q = none ] || echo "--quantization $q")
+      for i in 1 2; do
+        run b1_${q}_fused_$i python -c "$FUSED" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT $Q \
+          --output-json "$OUT/b1_${q}_fused_$i.json"
+        run b1_${q}_$i $LAT --shape qwen2.5-7b $SHORT $Q --output-json "$OUT/b1_${q}_$i.json"
+      done
+    done
     ;;
   int4ttft)  # int4's short-prompt TTFT with the 65-128-row tiled path and without, alternating in one
     # process (128 and 96 tokens), and the host's eager cost per int4 call beside its GPU time

@@ -58,7 +58,7 @@ def compile_ptx(fn, sig: dict, const: dict, divisible: list[str], num_warps: int
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def decode(fp8: bool, block_n: int, warps: int, stages: int):
+def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False):
     kv = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": kv, "v_cache_ptr": kv, "out_ptr": "*bf16", "mid_o_ptr": "*fp32"}
     sig |= {"mid_lse_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32"}
@@ -66,12 +66,16 @@ def decode(fp8: bool, block_n: int, warps: int, stages: int):
     sig |= {n: "i32" for n in ("num_splits", "window", "group", "stride_qt", "stride_qh", "stride_ot")}
     sig |= {n: "i32" for n in ("stride_oh", "stride_bt", "stride_cb", "stride_cs", "stride_ch")}
     sig |= {n: "i32" for n in ("stride_mo_r", "stride_mo_h", "stride_mo_s", "stride_ml_r", "stride_ml_h")}
+    # The step's new keys and values (`FUSED_WRITE`): k, v, slots, the rotary tables, the inverse scales.
+    sig |= {"k_ptr": "*bf16", "v_ptr": "*bf16", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
+    sig |= {"k_inv_scale": "fp32", "v_inv_scale": "fp32", "stride_kt": "i32", "stride_vt": "i32"}
+    sig |= {"stride_vh": "i32"}
     const = dict(G_PAD=16, HEAD_DIM=128, D_PAD=128, BLOCK_SIZE=16, BLOCK_N=block_n, DOT_PREC="tf32")
-    const |= dict(KV_FP8=fp8, F16_DOT=fp8, HEADS_FIRST=True)
+    const |= dict(KV_FP8=fp8, F16_DOT=fp8, HEADS_FIRST=True, FUSED_WRITE=fused)
     div = (
         [n for n in sig if n.endswith("_ptr")]
         + list(_STRIDES)
-        + ["stride_mo_r", "stride_mo_h", "stride_mo_s"]
+        + ["stride_mo_r", "stride_mo_h", "stride_mo_s", "stride_kt", "stride_vt", "stride_vh"]
     )
     return compile_ptx(_decode_kernel, sig, const, div, warps, stages)
 
@@ -121,6 +125,9 @@ def tiles(block_m: int, nibble: bool, half: bool = False):
 VARIANTS = {
     "decode bf16 (64 keys, 4 warps, 2 stages)": lambda: decode(False, 64, 4, 2),
     "decode fp8 (128 keys, 4 warps, 2 stages)": lambda: decode(True, 128, 4, 2),
+    "decode bf16 (128 keys, 8 warps, 3 stages)": lambda: decode(False, 128, 8, 3),
+    "decode bf16 writing the new keys (128 keys, 8 warps, 3 stages)": lambda: decode(False, 128, 8, 3, True),
+    "decode fp8 writing the new keys (128 keys, 4 warps, 2 stages)": lambda: decode(True, 128, 4, 2, True),
     "extend bf16 (128 x 128, 2 stages)": lambda: extend(False, 2),
     "extend fp8 (128 x 128, 2 stages)": lambda: extend(True, 2),
     "gemv fp8 W8A16 (32 x 256)": lambda: gemv("fp8", 32, 256, 4, 3),

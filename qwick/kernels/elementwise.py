@@ -220,6 +220,17 @@ def rotate_halves(p1, half, mask, c, s, dtype: tl.constexpr):
 
 
 @triton.jit
+def rotate_tile(x, partner, first_half, c, s, dtype: tl.constexpr):
+    """`rotate_halves` on whole heads held in registers: each element x beside its partner in the other
+    half (`first_half` where x is x1), and the cos / sin of its column: the same products, rounded alike."""
+    x = x.to(tl.float32)
+    partner = partner.to(tl.float32)
+    a = (x * c).to(dtype).to(tl.float32)
+    b = (tl.where(first_half, -partner, partner) * s).to(dtype).to(tl.float32)
+    return (a + b).to(dtype)
+
+
+@triton.jit
 def _rope_kernel(
     q_ptr,
     k_ptr,

@@ -569,3 +569,58 @@ def test_llm_greedy_equal_with_triton_backend(tmp_path, arch, overrides, block_s
     got = generate(True)
     for i, (a, b) in enumerate(zip(ref, got)):
         assert a == b, f"request {i}: torch {a} vs triton {b}"
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kv_fp8", [False, True])
+@pytest.mark.parametrize("splits,window", [(1, None), (3, None), (2, 20)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(8, 2, 64), (28, 4, 128)])
+def test_decode_kernel_writes_the_new_keys_itself(heads, kv_heads, head_dim, splits, window, kv_fp8):
+    """`fuse_decode_write`: in a pure decode step the decode kernel rotates q and writes the rows' keys and
+    values itself. The output and the cache are what `write_kv_rope` then the decode kernel give, a padding
+    row (slot -1) writes nothing, and the q, k, v inputs are left as they came."""
+    from qwick.layers.rotary import RopeStep
+
+    device = triton_device()
+    dtype = _lowp(torch.bfloat16)
+    bs = 16
+    rows, num_blocks = _make_rows([(0, 1), (15, 1), (40, 1), (100, 1), (0, 1)], bs, random.Random(0))
+    positions = torch.tensor([r.start_pos for r in rows], device=device)
+    inv = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    emb = torch.arange(256, dtype=torch.float)[:, None] * inv[None, :]
+    emb = torch.cat((emb, emb), dim=-1)
+    rope = RopeStep(positions, emb.cos().to(device), emb.sin().to(device))
+    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    torch.manual_seed(0)
+    qkv = torch.randn(len(rows), sum(sizes), device=device).to(dtype)
+    shape = (num_blocks, bs, kv_heads, head_dim)
+    k_scale, v_scale = fp8_scales(0.5, 2.0) if kv_fp8 else (1.0, 1.0)
+    if kv_fp8:
+        cache = torch.stack([quantize_kv(kv_values(shape, device, s), s) for s in (k_scale, v_scale)])
+        qkv[:, heads * head_dim :] = kv_values((len(rows), 2 * kv_heads * head_dim), device).to(dtype)
+    else:
+        cache = torch.randn(2, *shape, device=device).to(dtype)
+    kw = dict(scale=head_dim**-0.5, sliding_window=window, k_scale=k_scale, v_scale=v_scale, rope=rope)
+    tri = _backend(bs, device, fixed_num_splits=splits)
+    outs, caches = [], []
+    for fused in (True, False):
+        tri.fuse_decode_write = fused
+        x = qkv.clone()
+        q, k, v = (t.view(len(rows), -1, head_dim) for t in x.split(sizes, dim=-1))
+        md = tri.build_metadata(rows)
+        md.slot_mapping[-1] = -1  # a CUDA graph's padding row
+        assert tri.fuses_decode_write(q, k, v, rope, md) == fused
+        c = cache.clone()
+        outs.append(tri.forward(q, k, v, c, md, **kw))
+        caches.append(c)
+        if fused:
+            assert torch.equal(x, qkv)  # q rotated in registers only, k rotated only into the cache
+    assert not torch.equal(caches[0], cache)
+    last = rows[-1].block_table[0]  # the padding row's slot was never written
+    assert torch.equal(caches[0][:, last, 0].view(torch.uint8), cache[:, last, 0].view(torch.uint8))
+    if INTERPRET:
+        assert torch.equal(caches[0].view(torch.uint8), caches[1].view(torch.uint8))
+        assert torch.equal(outs[0], outs[1])
+    else:  # compiled, the rotations' rounded products may differ by a unit in the last place
+        torch.testing.assert_close(caches[0].float(), caches[1].float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=2e-2, rtol=2e-2)

@@ -82,6 +82,21 @@ def test_short_context_graphs_match_eager(tiny_qwen2_dir, dtype, monkeypatch):
     _assert_same_tokens(batches, eager, graph)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graphs_with_the_decode_kernel_writing_the_kv_match_eager(tiny_qwen2_dir, dtype, monkeypatch):
+    """`FUSE_DECODE_WRITE`: decode steps (graphs, eager when off) write their keys and values inside the
+    decode kernel; the greedy tokens are those of eager steps with the separate write."""
+    from qwick.layers.attention import triton_backend
+
+    batches = (3, 5, 1, 8)
+    eager, _, _, _ = _run(tiny_qwen2_dir, dtype, True, batches)
+    monkeypatch.setattr(triton_backend, "FUSE_DECODE_WRITE", True)
+    graph, replays, has_graphs, _ = _run(tiny_qwen2_dir, dtype, False, batches)
+    assert has_graphs and replays > 0
+    _assert_same_tokens(batches, eager, graph)
+
+
 class _Cycle:
     """Garbage only the cyclic collector frees; its finalizer calls `on_free`."""
 

@@ -48,12 +48,13 @@ import triton
 import triton.language as tl
 
 from qwick.device_upload import to_device
-from qwick.kernels.elementwise import rope_tables, rotate_halves
+from qwick.kernels.elementwise import rope_tables, rotate_halves, rotate_tile
 from qwick.kernels.half2 import quarter_byte_f16
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
     AttentionRow,
+    OutputRows,
     is_fp8_kv,
     kv_layout_of,
 )
@@ -80,6 +81,10 @@ FUSE_ROPE = True
 # layer, without a prefix 1.30 against 1.37; at 2,048 queries the third stage lost (184 against 134 us).
 # A 32k-token prompt's TTFT: 1,131.6 against 1,171.9 ms (benchmarks/long_prefill_ab.py).
 LONG_PREFILL_QUERIES = 4096
+# Pure decode steps rotate q and write the new key and value inside the decode kernel (`FUSED_WRITE`), not
+# in `_rope_kv_write_kernel` before it: one launch per layer fewer again. Not yet timed on a GPU
+# (`gpu_session.sh decodewrite`), so off.
+FUSE_DECODE_WRITE = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity" for running maxima and the decode kernel's (already scaled) masked scores: a
 # fully masked tile then yields exp2(0) garbage that the next real maximum wipes out (alpha = 0), instead
@@ -256,6 +261,16 @@ def _decode_kernel(
     stride_mo_s,
     stride_ml_r,
     stride_ml_h,
+    k_ptr,
+    v_ptr,
+    slot_ptr,
+    cos_ptr,
+    sin_ptr,
+    k_inv_scale,
+    v_inv_scale,
+    stride_kt,
+    stride_vt,
+    stride_vh,
     G_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -265,7 +280,12 @@ def _decode_kernel(
     KV_FP8: tl.constexpr,
     F16_DOT: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
+    FUSED_WRITE: tl.constexpr,
 ):
+    """Flash-decoding over one split of a row's context for one kv head's query group. With FUSED_WRITE
+    (q, k, v the step's unrotated projections; `write_kv_rope`'s work done here): the queries are rotated
+    in registers, and the program whose split holds the row's last position rotates that token's key and
+    writes it with its value into the cache slot (slot < 0: no write) before reading its keys."""
     if HEADS_FIRST:  # kv heads fastest in launch order: a row's heads start together
         kvh = tl.program_id(0)
         i = tl.program_id(1)
@@ -282,7 +302,16 @@ def _decode_kernel(
     head = kvh * group + g
     g_mask = g < group
     gd_mask = _tile_mask(g_mask, d, HEAD_DIM, D_PAD)
-    q = tl.load(q_ptr + tok * stride_qt + head[:, None] * stride_qh + d[None, :], mask=gd_mask, other=0.0)
+    q_row = q_ptr + tok * stride_qt + head[:, None] * stride_qh
+    q = tl.load(q_row + d[None, :], mask=gd_mask, other=0.0)
+    if FUSED_WRITE:  # D_PAD == HEAD_DIM, a power of two: each column's partner is in the other half
+        half: tl.constexpr = HEAD_DIM // 2
+        dtype = q_ptr.dtype.element_ty
+        c, s = rope_tables(cos_ptr, sin_ptr, (seq_len - 1).to(tl.int64), d % half, HEAD_DIM, dtype)
+        partner = (d + half) % HEAD_DIM
+        first_half = d < half
+        q_partner = tl.load(q_row + partner[None, :], mask=gd_mask, other=0.0)
+        q = rotate_tile(q, q_partner, first_half[None, :], c[None, :], s[None, :], dtype)
     if F16_DOT:
         q, scale_log2 = _fp16_queries(q, scale_log2)
 
@@ -293,6 +322,17 @@ def _decode_kernel(
     per_split = tl.cdiv(last - first, num_splits)
     t0 = first + split * per_split
     t1 = tl.minimum(t0 + per_split, last)
+    if FUSED_WRITE:
+        if (t0 < t1) & (t1 == last):  # this split reads the row's last key: write it first
+            slot = tl.load(slot_ptr + tok).to(tl.int64)
+            k_row = k_ptr + tok * stride_kt + kvh * HEAD_DIM
+            k_new = rotate_tile(tl.load(k_row + d), tl.load(k_row + partner), first_half, c, s, dtype)
+            v_new = tl.load(v_ptr + tok * stride_vt + kvh * stride_vh + d)
+            dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kvh * stride_ch + d
+            ok = d * 0 + slot >= 0  # a block, not a scalar (the interpreter rejects the mixed mask)
+            tl.store(k_cache_ptr + dst, _to_cache(k_new, k_inv_scale, k_cache_ptr, KV_FP8), mask=ok)
+            tl.store(v_cache_ptr + dst, _to_cache(v_new, v_inv_scale, v_cache_ptr, KV_FP8), mask=ok)
+        tl.debug_barrier()  # the stores before any thread of the program reads the tile holding them
 
     m_i = tl.full([G_PAD], _NEG, tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
@@ -605,6 +645,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.extend_config: dict | None = None
         self.longest_first = LONGEST_FIRST
         self.fuse_rope = FUSE_ROPE
+        self.fuse_decode_write = FUSE_DECODE_WRITE
         self.long_prefill_queries = LONG_PREFILL_QUERIES
 
     # ---- tuning --------------------------------------------------------------------------------------
@@ -816,6 +857,41 @@ class TritonAttentionBackend(AttentionBackend):
             self.write_kv(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         return q
 
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+        rope: RopeStep | None = None,
+        output_rows: OutputRows | None = None,
+    ) -> torch.Tensor:
+        """As the base class's; a pure decode step with `fuse_decode_write` on writes its keys and values
+        inside the decode kernel (`FUSED_WRITE`) instead of a launch of its own."""
+        kw = dict(scale=scale, sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale)
+        if output_rows is None and rope is not None and self.fuses_decode_write(q, k, v, rope, metadata):
+            return self.attend(q, kv_cache, metadata, new_kv=(k, v, rope), **kw)
+        return super().forward(q, k, v, kv_cache, metadata, rope=rope, output_rows=output_rows, **kw)
+
+    def fuses_decode_write(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeStep, md: AttentionMetadata
+    ) -> bool:
+        """Whether the decode kernel writes this step's keys and values: `fuse_decode_write` on, every row
+        one decode token, and what `write_kv_rope` would take (a head_dim of 16 or more, so that the
+        kernel's padded head is the head)."""
+        return (
+            self.fuse_decode_write
+            and md.num_tokens == md.num_rows
+            and q.shape[2] >= 16
+            and self.fuses_rope(q, k, v, rope)
+        )
+
     @staticmethod
     def _check_cache(kv_cache: torch.Tensor, metadata: AttentionMetadata) -> None:
         kv_layout_of(kv_cache)  # NHD or HND (ValueError otherwise): the kernels read the cache's strides
@@ -832,7 +908,10 @@ class TritonAttentionBackend(AttentionBackend):
         sliding_window: int | None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        new_kv: tuple[torch.Tensor, torch.Tensor, RopeStep] | None = None,
     ) -> torch.Tensor:
+        """`new_kv` (k, v, rope; pure decode steps only): the step's keys and values, which the decode
+        kernel rotates and writes itself, and q not yet rotated (`forward`)."""
         self._check_cache(kv_cache, metadata)
         fp8 = is_fp8_kv(kv_cache.dtype)
         if q.stride(2) != 1:
@@ -843,12 +922,17 @@ class TritonAttentionBackend(AttentionBackend):
         qk_scale_log2 = float(scale) * LOG2E * (float(k_scale) if fp8 else 1.0)
         v_scale = float(v_scale) if fp8 else 1.0
         if plan.num_decode:
-            self._decode(q, kv_cache, out, metadata, plan, qk_scale_log2, v_scale, sliding_window)
+            write = None
+            if new_kv is not None:  # the kernel quantizes into an fp8 cache as `write_kv` does
+                inv = (1.0 / float(k_scale), 1.0 / v_scale) if fp8 else (1.0, 1.0)
+                write = (*new_kv, *inv)
+            self._decode(q, kv_cache, out, metadata, plan, qk_scale_log2, v_scale, sliding_window, write)
         if plan.extend_rows:
             self._extend(q, kv_cache, out, metadata, plan, qk_scale_log2, v_scale, sliding_window)
         return out
 
-    def _decode(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window) -> None:
+    def _decode(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window, write=None) -> None:
+        """`write` (k, v, rope, 1 / k_scale, 1 / v_scale): the kernel's FUSED_WRITE (see `attend`)."""
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = kv_cache.shape[3]
         splits = self.num_splits(plan.num_decode, num_kv_heads, plan.decode_max_seq_len)
@@ -892,6 +976,7 @@ class TritonAttentionBackend(AttentionBackend):
             mid_o.stride(2),
             mid_lse.stride(0),
             mid_lse.stride(1),
+            *self._write_args(q, md, write),
             G_PAD=_pow2(num_heads // num_kv_heads, 16),
             HEAD_DIM=head_dim,
             D_PAD=d_pad,
@@ -900,6 +985,7 @@ class TritonAttentionBackend(AttentionBackend):
             KV_FP8=is_fp8_kv(kv_cache.dtype),
             F16_DOT=is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
             HEADS_FIRST=self.longest_first,
+            FUSED_WRITE=write is not None,
             **cfg,
         )
         if splits > 1:
@@ -925,6 +1011,18 @@ class TritonAttentionBackend(AttentionBackend):
                 S_CHUNK=min(s_pad, 64),
                 num_warps=4,
             )
+
+    @staticmethod
+    def _write_args(q: torch.Tensor, md: AttentionMetadata, write) -> tuple:
+        """The decode kernel's FUSED_WRITE arguments (k, v, slots, cos / sin tables, inverse scales, k and v
+        strides); without a write, placeholders it does not read."""
+        if write is None:
+            return (q, q, md.seq_lens, q, q, 1.0, 1.0, 0, 0, 0)
+        k, v, rope, k_inv, v_inv = write
+        return (
+            k, v, md.slot_mapping, rope.cos_cache, rope.sin_cache, k_inv, v_inv,
+            k.stride(0), v.stride(0), v.stride(1),
+        )  # fmt: skip
 
     def _extend(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window) -> None:
         num_heads, head_dim = q.shape[1], q.shape[2]
