@@ -65,7 +65,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cpu-kv-cache-gib", type=float, default=4.0, help="KV-cache size when running on the CPU"
     )
-    g.add_argument("--enforce-eager", action="store_true", help="never capture CUDA graphs")
+    g.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="never capture CUDA graphs (by default, on a GPU, decode steps and a lone prompt chunk of up to "
+        "1,024 tokens replay them)",
+    )
     g.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
