@@ -61,6 +61,7 @@
 #                                            # its GPU test, TTFT beside 8 / 64 decoders, split or eager
 #   bash benchmarks/gpu_session.sh decodewrite  # the decode kernel writing the new keys and values:
 #                                            # tests, batch 1 with it and without
+#   bash benchmarks/gpu_session.sh int4_14b  # the tiled int4 kernel's shapes on qwen2.5-14b's layers
 #   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
@@ -482,6 +483,9 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         run b1_${q}_$i $LAT --shape qwen2.5-7b $SHORT $Q --output-json "$OUT/b1_${q}_$i.json"
       done
     done
+    ;;
+  int4_14b)  # the tiled int4 kernel's launch shapes (tuned at 7b shapes) on qwen2.5-14b's layers, bf16
+    SHAPE=qwen2.5-14b MS="2 16 32 64 128" python benchmarks/w4a16_mid_m.py 2>&1 | grep -v -i warn
     ;;
   int4ttft)  # int4's short-prompt TTFT with the 65-128-row tiled path and without, alternating in one
     # process (128 and 96 tokens), and the host's eager cost per int4 call beside its GPU time

@@ -1,5 +1,5 @@
-"""int4 weights at 2 <= M <= 512 rows (decode batches, short prefills), qwen2.5-7b shapes, RTN int4 group
-128 with zero points, us per call on the GPU (20 calls in one CUDA graph, replayed three times):
+"""int4 weights at 2 <= M <= 512 rows (decode batches, short prefills), qwen2.5-7b (or 14b) shapes, RTN int4
+group 128 with zero points, us per call on the GPU (20 calls in one CUDA graph, replayed three times):
 
 - dequantize-then-cuBLAS (one Triton kernel writing the layer in bf16, then cuBLAS);
 - "default": what `PackedLinearMethod` runs for these rows (`production`);
@@ -11,7 +11,8 @@
   shapes (BLOCK_M x BLOCK_N, splits, stages; 16-row tiles only up to 16 rows), with the best nibble
   shape printed per row.
 
-    [OLD=1] [DTYPE=float16] [MS="2 4 8 16"] python benchmarks/w4a16_mid_m.py   # MS: "32 64 128 256 512"
+    [OLD=1] [DTYPE=float16] [SHAPE=qwen2.5-14b] [MS="2 4 8 16"] python benchmarks/w4a16_mid_m.py
+    # MS by default: "32 64 128 256 512"
 """
 
 import os
@@ -27,7 +28,10 @@ from qwick.kernels.w4a16 import QuantGemvConfig, TiledW4Config, dequantize_int4,
 from qwick.quantization.formats import rtn
 from qwick.quantization.int4 import PackedLinearMethod
 
-SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+SHAPES = {  # SHAPE=qwen2.5-14b: that model's layers
+    "qwen2.5-7b": {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)},
+    "qwen2.5-14b": {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (27648, 5120), "down": (5120, 13824)},
+}[os.environ.get("SHAPE", "qwen2.5-7b")]
 MS = [int(m) for m in os.environ.get("MS", "32 64 128 256 512").split()]
 DTYPE = getattr(torch, os.environ.get("DTYPE", "bfloat16"))  # float16: also the packed fp16 decode
 OLD = {  # the decode kernel's launch shapes for M > 16
