@@ -453,52 +453,11 @@ class ModelRunner:
                 logits_indices.append(len(token_ids) - 1)
                 sampling_rows.append(item)
                 sampling_row_index.append(len(rows) - 1)
-        patch = self._patch(patch_dst, patch_src)
-        graphs = self.graph_runner
-        prefill_graphs = self.prefill_graphs
-        out = None
-        one_row_out = False  # hidden is the only row's last token alone
-        selected = None  # the sampling rows' hidden states, when a path gives them directly
-        if (
-            graphs is not None
-            and len(token_ids) == len(rows)  # pure decode: one token per row
-            and graphs.can_run(len(rows), max(len(r.block_table) for r in rows))
-        ):
-            hidden = graphs.replay(token_ids, positions, [r.block_table for r in rows], patch=patch)
-        elif (
-            prefill_graphs is not None
-            and len(rows) == 1  # one prompt chunk and nothing else
-            and self.sampled_rows_only
-            and prefill_graphs.can_run(len(token_ids), len(rows[0].block_table))
-        ):
-            row = rows[0]
-            hidden = prefill_graphs.replay(token_ids, row.start_pos, row.block_table, patch=patch)
-            one_row_out = True
-        elif (
-            split := self._split_replay(rows, token_ids, positions, patch_dst, patch_src, sampling_row_index)
-        ) is not None:
-            selected = split
-        else:
-            metadata = self.backend.build_metadata(rows)
-            ids = to_device(token_ids, torch.long, self.device)
-            if patch is not None:
-                patch(ids)
-            pos = to_device(positions, torch.long, self.device)
-            if self.sampled_rows_only and len(logits_indices) < len(token_ids):
-                out = self._output_rows(scheduled, rows, logits_indices, len(token_ids))
-            with set_forward_context(metadata):
-                hidden = self.model(ids, pos, out)
-        if not sampling_rows:
+        selected = self._run_forward(
+            scheduled, rows, token_ids, positions, logits_indices, sampling_row_index, patch_dst, patch_src
+        )
+        if selected is None:  # nothing samples (a long prompt's middle chunk): the cache is filled
             return None
-        if selected is not None:
-            pass  # the split step gathered them
-        elif out is not None or one_row_out:
-            selected = hidden  # the output rows alone, in sampling order
-        elif len(logits_indices) == len(token_ids) and hidden.shape[0] >= len(token_ids):
-            selected = hidden[: len(token_ids)]  # every row samples its only token: no gather
-        else:
-            index = to_device(logits_indices, torch.long, self.device)
-            selected = hidden[index]
         logits = self.model.compute_logits(selected)
         requests = [item.request for item in sampling_rows]
         meta = SamplingMetadata.build(requests, self.vocab_size, self.device)
@@ -512,6 +471,60 @@ class ModelRunner:
                 ready = torch.cuda.Event()
                 ready.record()
         return LaunchedStep(sampling_rows, sampled, ready)
+
+    def _run_forward(
+        self,
+        scheduled: list,
+        rows: list[AttentionRow],
+        token_ids: list[int],
+        positions: list[int],
+        logits_indices: list[int],
+        sampling_row_index: list[int],
+        patch_dst: list[int],
+        patch_src: list[int],
+    ) -> torch.Tensor | None:
+        """Run the step's forward: a decode graph (every row one token), a prefill graph (one prompt chunk
+        alone), both (`_split_replay`) or eagerly. Returns the final hidden states of the sampling rows, in
+        sampling order (None when nothing samples)."""
+        patch = self._patch(patch_dst, patch_src)
+        graphs, prefill_graphs = self.graph_runner, self.prefill_graphs
+        out = None
+        if (
+            graphs is not None
+            and len(token_ids) == len(rows)  # pure decode: one token per row
+            and graphs.can_run(len(rows), max(len(r.block_table) for r in rows))
+        ):
+            hidden = graphs.replay(token_ids, positions, [r.block_table for r in rows], patch=patch)
+        elif (
+            prefill_graphs is not None
+            and len(rows) == 1  # one prompt chunk and nothing else
+            and self.sampled_rows_only
+            and prefill_graphs.can_run(len(token_ids), len(rows[0].block_table))
+        ):
+            row = rows[0]
+            last = prefill_graphs.replay(token_ids, row.start_pos, row.block_table, patch=patch)
+            return last if logits_indices else None  # the chunk's last token
+        elif (
+            split := self._split_replay(rows, token_ids, positions, patch_dst, patch_src, sampling_row_index)
+        ) is not None:
+            return split if logits_indices else None
+        else:
+            metadata = self.backend.build_metadata(rows)
+            ids = to_device(token_ids, torch.long, self.device)
+            if patch is not None:
+                patch(ids)
+            pos = to_device(positions, torch.long, self.device)
+            if self.sampled_rows_only and len(logits_indices) < len(token_ids):
+                out = self._output_rows(scheduled, rows, logits_indices, len(token_ids))
+            with set_forward_context(metadata):
+                hidden = self.model(ids, pos, out)
+        if not logits_indices:
+            return None
+        if out is not None:
+            return hidden  # the output rows alone, in sampling order
+        if len(logits_indices) == len(token_ids) and hidden.shape[0] >= len(token_ids):
+            return hidden[: len(token_ids)]  # every row samples its only token: no gather
+        return hidden[to_device(logits_indices, torch.long, self.device)]
 
     def _patch(self, dst: list[int], src: list[int]) -> Callable[[torch.Tensor], None] | None:
         """A function that fills input slots `dst` of a step's token ids (on the device) with the previous
