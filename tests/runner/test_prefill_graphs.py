@@ -68,15 +68,23 @@ def _eager_step(model, backend, chunk: list[int], start: int, table: list[int], 
 
 @pytest.mark.gpu
 @pytest.mark.interpret
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_padded_forward_matches_the_eager_step(tmp_path, arch):
+@pytest.mark.parametrize(
+    "arch,overrides",
+    [
+        ("qwen2", {}),
+        ("qwen3", {}),
+        ("qwen2", dict(use_sliding_window=True, sliding_window=24, max_window_layers=0)),
+    ],
+    ids=["qwen2", "qwen3", "qwen2-window"],
+)
+def test_padded_forward_matches_the_eager_step(tmp_path, arch, overrides):
     """A 70-token prompt in two chunks (40 tokens, then 30 after the cached 40): the padded bucket's last
     token equals the eager step's, the real tokens' keys and values are the eager step's, and the padding
-    writes nothing into the cache."""
+    writes nothing into the cache (a sliding window of 24 tokens too)."""
     from qwick.layers.attention.triton_backend import TritonAttentionBackend
 
     device = triton_device()
-    make_tiny_model(arch, str(tmp_path))
+    make_tiny_model(arch, str(tmp_path), **overrides)
     config = AutoConfig.from_pretrained(str(tmp_path))
     model = build_model(config, str(tmp_path), dtype=torch.float32, device=device, max_len=256)
     backend = TritonAttentionBackend(BLOCK, device)
