@@ -62,6 +62,7 @@
 #   bash benchmarks/gpu_session.sh decodewrite  # the decode kernel writing the new keys and values:
 #                                            # tests, batch 1 with it and without
 #   bash benchmarks/gpu_session.sh int4_14b  # the tiled int4 kernel's shapes on qwen2.5-14b's layers
+#   bash benchmarks/gpu_session.sh graphrows  # prefill graphs of up to 4 rows (a prompt beside decoders)
 #   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
@@ -486,6 +487,20 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     ;;
   int4_14b)  # the tiled int4 kernel's launch shapes (tuned at 7b shapes) on qwen2.5-14b's layers, bf16
     SHAPE=qwen2.5-14b MS="2 16 32 64 128" python benchmarks/w4a16_mid_m.py 2>&1 | grep -v -i warn
+    ;;
+  graphrows)  # prefill graphs of up to 4 rows (`PREFILL_GRAPH_ROWS`, 1 by default): a new prompt beside a
+    # few decode rows in one replay. Its GPU tests (and the one-row ones again), then the TTFT of prompts
+    # arriving beside 1 and 3 decoders with 4-row graphs and with 1-row ones (eager mixed steps), one
+    # process each, and batch 1 (its decode must not change)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_prefill_graphs.py \
+      tests/runner/test_split_mixed_steps.py tests/runner/test_cuda_graphs.py 2>&1 | tail -2
+    ROWS4="import sys, runpy; import qwick.runner.prefill_graphs as G; G.PREFILL_GRAPH_ROWS = 4; \
+sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    for busy in 1 3; do
+      BUSY=$busy LEN=128 SPLIT=0 python benchmarks/mixed_split_ttft.py qwen2.5-7b 8 2>&1 | grep -E "TTFT|Error"
+      BUSY=$busy LEN=128 SPLIT=0 python -c "$ROWS4" benchmarks/mixed_split_ttft.py qwen2.5-7b 8 2>&1 \
+        | grep -E "TTFT|Error"
+    done
     ;;
   int4ttft)  # int4's short-prompt TTFT with the 65-128-row tiled path and without, alternating in one
     # process (128 and 96 tokens), and the host's eager cost per int4 call beside its GPU time

@@ -3,7 +3,7 @@ graph replays (`ModelRunner.split_mixed_max_tokens`) and without, alternating pr
 process. `BUSY` requests decode throughout (long outputs); each new prompt of `LEN` random tokens
 generates one token. Also the decoders' step time in the steps that carried a new prompt.
 
-    BUSY=8 LEN=128 SPLIT=1024 python benchmarks/mixed_split_ttft.py [shape] [pairs]
+    BUSY=8 LEN=128 SPLIT=1024 python benchmarks/mixed_split_ttft.py [shape] [pairs]   # SPLIT=0: no A/B
 """
 
 import os
@@ -36,10 +36,12 @@ for i in range(busy):  # decoders that outlast the measurement
     eng.add_request(prompt(64), SamplingParams(max_tokens=4000, temperature=0, ignore_eos=True), f"busy{i}")
 for _ in range(5):
     eng.step()
-ttft: dict[str, list[float]] = {"split": [], "eager": []}
+# SPLIT=0: no alternation, the runner as configured (e.g. prefill graphs of several rows, set by the caller)
+limits = {"split": split, "eager": 0} if split else {"as configured": 0}
+ttft: dict[str, list[float]] = {name: [] for name in limits}
 for i in range(pairs + 2):  # the first two pairs warm up
-    for name in ttft:
-        runner.split_mixed_max_tokens = split if name == "split" else 0
+    for name, limit in limits.items():
+        runner.split_mixed_max_tokens = limit
         rid = eng.add_request(prompt(n), SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -55,4 +57,5 @@ line = ", ".join(
     f"{name} median {statistics.median(t) * 1e3:6.2f} ms (min {min(t) * 1e3:6.2f})"
     for name, t in ttft.items()
 )
-print(f"TTFT beside {busy} decoders, {n}-token prompts ({quant or 'bf16'}): {line}", flush=True)
+rows = runner.prefill_graphs.max_rows if runner.prefill_graphs is not None else 0
+print(f"TTFT beside {busy} decoders, {n}-token prompts ({quant or 'bf16'}, {rows}-row prefill graphs):", line)

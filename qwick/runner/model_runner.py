@@ -180,9 +180,9 @@ class ModelRunner:
         )
 
     def _make_prefill_graph_runner(self):
-        """Steps that are one prompt chunk of up to `PREFILL_GRAPH_TOKENS` replay CUDA graphs too, where
-        decode steps do."""
-        from qwick.runner.prefill_graphs import PREFILL_GRAPH_TOKENS, PrefillGraphRunner
+        """Steps of one prompt chunk (up to `PREFILL_GRAPH_ROWS` rows) and up to `PREFILL_GRAPH_TOKENS`
+        tokens replay CUDA graphs too, where decode steps do."""
+        from qwick.runner.prefill_graphs import PREFILL_GRAPH_ROWS, PREFILL_GRAPH_TOKENS, PrefillGraphRunner
 
         max_tokens = min(
             PREFILL_GRAPH_TOKENS, default_max_num_batched_tokens(self.config, self.max_model_len)
@@ -191,6 +191,8 @@ class ModelRunner:
             return None
         return PrefillGraphRunner(
             self.model,
+            self.backend,
+            max_rows=PREFILL_GRAPH_ROWS,
             max_tokens=max_tokens,
             max_model_len=self.max_model_len,
             block_size=self.block_size,
@@ -497,13 +499,17 @@ class ModelRunner:
             hidden = graphs.replay(token_ids, positions, [r.block_table for r in rows], patch=patch)
         elif (
             prefill_graphs is not None
-            and len(rows) == 1  # one prompt chunk and nothing else
             and self.sampled_rows_only
-            and prefill_graphs.can_run(len(token_ids), len(rows[0].block_table))
-        ):
-            row = rows[0]
-            last = prefill_graphs.replay(token_ids, row.start_pos, row.block_table, patch=patch)
-            return last if logits_indices else None  # the chunk's last token
+            and prefill_graphs.can_run(len(token_ids), len(rows), max(len(r.block_table) for r in rows))
+        ):  # one prompt chunk alone (or with `max_rows` > 1, a few rows)
+            at = np.cumsum([0] + [r.num_tokens for r in rows])
+            step = [(token_ids[at[i] : at[i + 1]], r.start_pos, r.block_table) for i, r in enumerate(rows)]
+            last = prefill_graphs.replay(step, patch=patch)  # each row's last token
+            if not logits_indices:
+                return None
+            if len(rows) == 1:
+                return last
+            return last[to_device(sampling_row_index, torch.long, self.device)]
         elif (
             split := self._split_replay(rows, token_ids, positions, patch_dst, patch_src, sampling_row_index)
         ) is not None:
@@ -567,7 +573,7 @@ class ModelRunner:
         decode = rows[:c] + rows[c + 1 :]
         if (
             n > self.split_mixed_max_tokens
-            or not prefill_graphs.can_run(n, len(chunk.block_table))
+            or not prefill_graphs.can_run(n, 1, len(chunk.block_table))
             or not graphs.can_run(len(decode), max(len(r.block_table) for r in decode))
             or any(c <= t < c + n for t in patch_dst)  # the chunk's own input in flight
         ):
@@ -581,8 +587,8 @@ class ModelRunner:
             [r.block_table for r in decode],
             patch=dec_patch,
         )
-        last = prefill_graphs.replay(token_ids[c : c + n], chunk.start_pos, chunk.block_table)
-        both = torch.cat([hidden[: len(decode)], last])  # decode rows in order, then the chunk's token
+        last = prefill_graphs.replay([(token_ids[c : c + n], chunk.start_pos, chunk.block_table)])
+        both = torch.cat([hidden[: len(decode)], last[:1]])  # decode rows in order, then the chunk's token
         order = [len(decode) if i == c else i - (i > c) for i in sampling_row_index]
         return both[to_device(order, torch.long, self.device)]
 

@@ -23,6 +23,14 @@ Design (the decode graphs' in `qwick.runner.cuda_graphs`, for one row of many to
 - The prefill kernel's tiles and the decode kernel's split scratch are planned on the first (warm-up)
   forward and kept in each graph's metadata, so the captured forward allocates only from the graph pool.
 - The graphs share the decode graphs' memory pool: replays run one after another on one stream.
+
+Several rows (`max_rows` > 1, `PREFILL_GRAPH_ROWS`; off until timed on a GPU): a step of up to `max_rows`
+rows of any lengths, e.g. a new prompt's chunk beside a few decode rows, one-query rows of the prefill
+kernel here, fits a bucket by its total tokens. The layout then holds each row's context length, query
+start and last token, `max_rows` block tables, and the prefill kernel's query tiles (row, first query),
+planned per step on the host in the backend's order. The tiles past a step's real ones start past their
+row's queries, so the kernel's programs for them return at once. Unused rows have no queries, a context of
+one token over the null block and their last token at 0: their outputs are computed and not read.
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ from qwick.runner.cuda_graphs import gc_paused, peak_allocated_bytes
 
 logger = logging.getLogger(__name__)
 
+# Rows a prefill graph takes: 1, one prompt chunk alone; more, steps of that many rows of any lengths (decode
+# rows beside a new prompt's chunk), not yet timed on a GPU (`gpu_session.sh graphrows`).
+PREFILL_GRAPH_ROWS = 1
 # The largest prompt chunk a prefill graph takes (0: no prefill graphs). H200, qwen2.5-7b shapes, TTFT of
 # a lone prompt with the graphs against without (medians, alternating in one process): bf16 5.4 against
 # 16.9 ms at 128 tokens, 11.4 / 22.9 at 512, 21.9 / 25.8 at 1024; int4 8.7 / 42.4 at 128, 26.1 / 28.2 at 1024.
@@ -61,34 +72,39 @@ def prefill_buckets(max_tokens: int) -> list[int]:
 class _PrefillGraph:
     tokens: int
     graph: torch.cuda.CUDAGraph | None
-    hidden: torch.Tensor  # [1, hidden]: the chunk's last token after the final norm
+    hidden: torch.Tensor  # [max_rows, hidden]: each row's last token after the final norm
     metadata: tuple[AttentionMetadata, AttentionMetadata]  # kept alive: their plans hold the scratch
 
 
 class PrefillGraphRunner:
-    """Captures and replays the model forward for steps that are one prompt chunk of 2..max_tokens."""
+    """Captures and replays the model forward for steps of up to `max_rows` rows and 2..max_tokens tokens
+    (one prompt chunk alone, with `max_rows` 1)."""
 
     def __init__(
         self,
         model: torch.nn.Module,
+        backend,
         *,
         max_tokens: int,
         max_model_len: int,
         block_size: int,
         device: torch.device,
+        max_rows: int = 1,
     ) -> None:
         self.model = model
+        self.backend = backend
         self.device = device
         self.block_size = block_size
         self.max_model_len = max_model_len
+        self.max_rows = max_rows
         self.buckets = prefill_buckets(min(max_tokens, max_model_len))
         self.width = (max_model_len + block_size - 1) // block_size
-        size = self._size(self.buckets[-1]) if self.buckets else 0
+        size = max((self._size(p) for p in self.buckets), default=0)
         self.packed = torch.zeros(size, dtype=torch.int32, device=device)
         self.host = torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.host_np = self.host.numpy()
-        self.one_query = torch.arange(2, dtype=torch.int32, device=device)  # the last token: query range
-        self.row0 = torch.zeros(1, dtype=torch.int32, device=device)  # its decode row
+        self.one_query = torch.arange(max_rows + 1, dtype=torch.int32, device=device)  # last tokens' queries
+        self.decode_rows = torch.arange(max_rows, dtype=torch.int32, device=device)
         self.graphs: dict[int, _PrefillGraph] = {}
         self.num_replays = 0
         self.graph_bytes = 0
@@ -98,41 +114,83 @@ class PrefillGraphRunner:
     def bucket_for(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
+    def tile_rows(self, p: int) -> int:
+        """The prefill kernel's query-tile height at bucket `p` (its launch shape for p-query rows)."""
+        layer = self.model.attention_layers()[0]
+        itemsize = next(self.model.parameters()).element_size()
+        return self.backend.prefill_tile_rows(layer.head_dim, itemsize, p)
+
+    def _num_tiles(self, p: int) -> int:
+        """Query tiles a step of up to `max_rows` rows and p tokens can need (none stored with one row:
+        its tiles are the bucket's, planned once)."""
+        if self.max_rows == 1:
+            return 0
+        return -(-p // self.tile_rows(p)) + self.max_rows - 1
+
     def _size(self, p: int) -> int:
-        return 3 * p + 4 + self.width
+        r = self.max_rows
+        return 3 * p + 3 * r + 1 + r * self.width + 2 * self._num_tiles(p)
 
     def _views(self, p: int) -> dict[str, torch.Tensor]:
-        b = self.packed
+        b, r, w = self.packed, self.max_rows, self.width
+        rows = 3 * p  # where the per-row values start
+        tables = rows + 3 * r + 1
+        tiles = tables + r * w
         return {
             "ids": b[0:p],
             "pos": b[p : 2 * p],
             "slots": b[2 * p : 3 * p],
-            "seq_len": b[3 * p : 3 * p + 1],
-            "query_start_loc": b[3 * p + 1 : 3 * p + 3],
-            "last": b[3 * p + 3 : 3 * p + 4],
-            "block_table": b[3 * p + 4 : self._size(p)].view(1, self.width),
+            "seq_len": b[rows : rows + r],
+            "query_start_loc": b[rows + r : rows + 2 * r + 1],
+            "last": b[rows + 2 * r + 1 : tables],
+            "block_table": b[tables:tiles].view(r, w),
+            "tiles": b[tiles : self._size(p)].view(-1, 2),
         }
 
-    def _fill_host(self, p: int, token_ids: list[int], start: int, block_table: list[int]) -> None:
-        """Write a chunk's inputs (n <= p tokens from position `start`) into the host buffer in bucket
-        `p`'s layout."""
+    def _fill_host(self, p: int, rows: list[tuple[list[int], int, list[int]]]) -> None:
+        """Write a step's rows (token ids, first position, block table; p tokens at most in all) into the
+        host buffer in bucket `p`'s layout."""
         if self._uploaded is not None:
             self._uploaded.synchronize()  # the pinned buffer may still be in flight to the device
-        n = len(token_ids)
-        h = self.host_np
-        bs = self.block_size
-        h[0:n] = token_ids
-        h[n:p] = 0
-        pos = np.arange(start, start + n, dtype=np.int64)
-        h[p : p + n] = pos
-        h[p + n : 2 * p] = 0
-        table = h[3 * p + 4 : self._size(p)]
-        table[:] = 0
-        table[: len(block_table)] = block_table
-        slots = h[2 * p : 3 * p]
-        slots[:n] = table[pos // bs].astype(np.int64) * bs + pos % bs
-        slots[n:] = -1
-        h[3 * p : 3 * p + 4] = (start + n, 0, n, n - 1)
+        h, r, w, bs = self.host_np, self.max_rows, self.width, self.block_size
+        at = 3 * p
+        seq_lens = h[at : at + r]
+        starts = h[at + r : at + 2 * r + 1]
+        last = h[at + 2 * r + 1 : at + 3 * r + 1]
+        tables = h[at + 3 * r + 1 : at + 3 * r + 1 + r * w].reshape(r, w)
+        tables[:] = 0
+        t = 0
+        for i, (token_ids, start, block_table) in enumerate(rows):
+            n = len(token_ids)
+            pos = np.arange(start, start + n, dtype=np.int64)
+            h[t : t + n] = token_ids
+            h[p + t : p + t + n] = pos
+            tables[i, : len(block_table)] = block_table
+            h[2 * p + t : 2 * p + t + n] = tables[i, pos // bs].astype(np.int64) * bs + pos % bs
+            seq_lens[i], starts[i], last[i] = start + n, t, t + n - 1
+            t += n
+        h[t:p] = 0  # padding tokens: token 0 at position 0, no KV write
+        h[p + t : 2 * p] = 0
+        h[2 * p + t : 3 * p] = -1
+        k = len(rows)
+        seq_lens[k:], starts[k:], last[k:] = 1, t, 0  # unused rows: no queries, one key (the null block)
+        if r > 1:
+            self._fill_tiles(p, rows, h[at + 3 * r + 1 + r * w : self._size(p)].reshape(-1, 2))
+
+    def _fill_tiles(self, p: int, rows, tiles: np.ndarray) -> None:
+        """The step's query tiles (row, first query), the most keys first as the backend plans them; the
+        rest start past row 0's queries (their programs return at once)."""
+        m = self.tile_rows(p)
+        order = sorted(
+            (
+                (start + m0, i, m0)
+                for i, (token_ids, start, _) in enumerate(rows)
+                for m0 in range(0, len(token_ids), m)
+            ),
+            reverse=True,
+        )
+        tiles[:] = (0, p)
+        tiles[: len(order)] = [(i, m0) for _, i, m0 in order]
 
     def _upload(self, p: int) -> None:
         size = self._size(p)
@@ -143,45 +201,48 @@ class PrefillGraphRunner:
             self._uploaded.record()
 
     def _metadata(self, p: int) -> tuple[AttentionMetadata, AttentionMetadata]:
-        """Bucket `p`'s attention metadata over the buffer's views: the chunk as one row of p queries
-        (the prefill kernel), and its last token as a one-query row (the decode kernel)."""
+        """Bucket `p`'s attention metadata over the buffer's views: the step's rows as rows of up to p
+        queries (the prefill kernel), and their last tokens as one-query rows (the decode kernel)."""
         from qwick.layers.attention.triton_backend import _TritonPlan
 
-        v = self._views(p)
+        v, r = self._views(p), self.max_rows
         common = dict(
-            num_rows=1,
+            num_rows=r,
             block_size=self.block_size,
             seq_lens=v["seq_len"],
             block_tables=v["block_table"],
             max_seq_len=self.max_model_len,
-            seq_lens_cpu=[self.max_model_len],
+            seq_lens_cpu=[self.max_model_len] * r,
         )
         chunk = AttentionMetadata(
             num_tokens=p,
             slot_mapping=v["slots"],  # replaced by the int64 copy inside the captured forward
             query_start_loc=v["query_start_loc"],
             max_query_len=p,
-            query_lens_cpu=[p],
+            query_lens_cpu=[p] * r,
             **common,
         )
-        chunk.plan["triton"] = _TritonPlan(
-            num_decode=0, decode_rows=None, decode_max_seq_len=0, extend_rows=[(0, p)]
+        plan = _TritonPlan(
+            num_decode=0, decode_rows=None, decode_max_seq_len=0, extend_rows=[(i, p) for i in range(r)]
         )
+        if r > 1:  # the step's tiles, from the buffer (one row: the bucket's, planned at the warm-up)
+            plan.tiles[self.tile_rows(p)] = v["tiles"]
+        chunk.plan["triton"] = plan
         last = AttentionMetadata(
-            num_tokens=1,
-            slot_mapping=v["slots"][:1],  # unused: the chunk's forward writes the keys and values
+            num_tokens=r,
+            slot_mapping=v["slots"][:r],  # unused: the chunk's forward writes the keys and values
             query_start_loc=self.one_query,
             max_query_len=1,
-            query_lens_cpu=[1],
+            query_lens_cpu=[1] * r,
             **common,
         )
         last.plan["triton"] = _TritonPlan(
-            num_decode=1, decode_rows=self.row0, decode_max_seq_len=self.max_model_len, extend_rows=[]
+            num_decode=r, decode_rows=self.decode_rows, decode_max_seq_len=self.max_model_len, extend_rows=[]
         )
         return chunk, last
 
     def _forward(self, p: int, metadata: tuple[AttentionMetadata, AttentionMetadata]) -> torch.Tensor:
-        """The captured body: int32 inputs -> int64, then the model forward to the last token."""
+        """The captured body: int32 inputs -> int64, then the model forward to each row's last token."""
         v = self._views(p)
         chunk, last = metadata
         chunk.slot_mapping = v["slots"].long()
@@ -191,13 +252,17 @@ class PrefillGraphRunner:
 
     # ---- capture -------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run_eager(self, p: int, token_ids: list[int] | None = None, start: int = 0, block_table=None):
-        """Bucket `p`'s forward, eagerly: for memory profiling, warm-ups and tests. Without tokens, one
-        token 0 whose key and value land in the null block 0. Returns (hidden [1, hidden], metadata)."""
-        self._fill_host(p, token_ids or [0], start, block_table or [])
+    def run_eager(self, p: int, rows: list[tuple[list[int], int, list[int]]] | None = None):
+        """Bucket `p`'s forward, eagerly: for memory profiling, warm-ups and tests. Without rows, one token
+        0 whose key and value land in the null block 0. Returns (hidden [max_rows, hidden], metadata)."""
+        self._fill_host(p, rows or [([0], 0, [])])
         self._upload(p)
         metadata = self._metadata(p)
-        return self._forward(p, metadata), metadata
+        hidden = self._forward(p, metadata)
+        tiles = metadata[0].plan["triton"].tiles
+        if self.max_rows > 1 and list(tiles) != [self.tile_rows(p)]:  # tiles planned from host lists
+            raise RuntimeError(f"prefill graph tiles of {sorted(tiles)} rows, {self.tile_rows(p)} uploaded")
+        return hidden, metadata
 
     def profile_pool_bytes(self) -> int:
         """About the bytes the graphs add to the shared pool: every bucket's forward run eagerly in
@@ -234,22 +299,26 @@ class PrefillGraphRunner:
         )
 
     # ---- replay --------------------------------------------------------------------------------------
-    def can_run(self, num_tokens: int, table_len: int) -> bool:
-        return bool(self.graphs) and 1 < num_tokens <= self.buckets[-1] and table_len <= self.width
+    def can_run(self, num_tokens: int, num_rows: int, table_len: int) -> bool:
+        return (
+            bool(self.graphs)
+            and 1 < num_tokens <= self.buckets[-1]
+            and num_rows <= self.max_rows
+            and table_len <= self.width
+        )
 
     def replay(
         self,
-        token_ids: list[int],
-        start: int,
-        block_table: list[int],
+        rows: list[tuple[list[int], int, list[int]]],
         patch: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
-        """Run one prompt chunk (token_ids at positions start..); returns the final hidden state of its
-        last token, [1, hidden] (a view of the graph's output: read it before the next replay). `patch(ids)`
-        may overwrite token ids on the device after the upload, as in decode replays."""
-        p = self.bucket_for(len(token_ids))
+        """Run one step of rows (token ids, first position, block table); returns the final hidden states
+        of the rows' last tokens, [max_rows, hidden], rows past the step's unused (a view of the graph's
+        output: read it before the next replay). `patch(ids)` may overwrite token ids (the step's, in row
+        order) on the device after the upload, as in decode replays."""
+        p = self.bucket_for(sum(len(ids) for ids, _, _ in rows))
         g = self.graphs[p]
-        self._fill_host(p, token_ids, start, block_table)
+        self._fill_host(p, rows)
         self._upload(p)
         if patch is not None:
             patch(self._views(p)["ids"])

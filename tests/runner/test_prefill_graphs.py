@@ -31,13 +31,18 @@ def test_inputs_are_padded_into_the_bucket_layout():
     """Tokens past the chunk are token 0 at position 0 with slot -1 (no KV write); the row's query range
     is the chunk's, its context includes the cached prefix, its last token is the output row."""
     runner = PrefillGraphRunner(
-        torch.nn.Identity(), max_tokens=64, max_model_len=128, block_size=BLOCK, device=torch.device("cpu")
+        torch.nn.Identity(),
+        None,
+        max_tokens=64,
+        max_model_len=128,
+        block_size=BLOCK,
+        device=torch.device("cpu"),
     )
     chunk = list(range(100, 140))  # 40 tokens after a 20-token prefix: bucket 64
     p = runner.bucket_for(len(chunk))
     assert p == 64 and runner.bucket_for(65) is None
     table = [7, 3, 9, 4]
-    runner._fill_host(p, chunk, 20, table)
+    runner._fill_host(p, [(chunk, 20, table)])
     runner._upload(p)
     v = runner._views(p)
     pos = torch.arange(20, 60)
@@ -49,10 +54,11 @@ def test_inputs_are_padded_into_the_bucket_layout():
     assert v["query_start_loc"].tolist() == [0, 40]
     assert v["last"].tolist() == [39]
     assert v["block_table"].tolist() == [table + [0] * (runner.width - 4)]
-    assert not runner.can_run(40, 4)  # nothing captured
+    assert not runner.can_run(40, 1, 4)  # nothing captured
     runner.graphs = dict.fromkeys(runner.buckets)
-    assert runner.can_run(2, 4) and runner.can_run(64, runner.width)
-    assert not runner.can_run(1, 4) and not runner.can_run(65, 4) and not runner.can_run(40, runner.width + 1)
+    assert runner.can_run(2, 1, 4) and runner.can_run(64, 1, runner.width)
+    assert not runner.can_run(1, 1, 4) and not runner.can_run(65, 1, 4)
+    assert not runner.can_run(40, 1, runner.width + 1) and not runner.can_run(40, 2, 4)  # one row at most
 
 
 def _eager_step(model, backend, chunk: list[int], start: int, table: list[int], device) -> torch.Tensor:
@@ -94,7 +100,9 @@ def test_padded_forward_matches_the_eager_step(tmp_path, arch, overrides):
             lambda shape: torch.zeros(shape, device=device), 12, BLOCK, layer.num_kv_heads, layer.head_dim
         )
         layer.backend = backend
-    runner = PrefillGraphRunner(model, max_tokens=64, max_model_len=256, block_size=BLOCK, device=device)
+    runner = PrefillGraphRunner(
+        model, backend, max_tokens=64, max_model_len=256, block_size=BLOCK, device=device
+    )
     prompt = torch.randint(2, 300, (70,), generator=torch.Generator().manual_seed(0)).tolist()
     table = [5, 2, 8, 3, 9]  # not in order; blocks 0 (null), 1, 4, 6, 7, 10, 11 stay untouched
     untouched = [0, 1, 4, 6, 7, 10, 11]
@@ -105,7 +113,7 @@ def test_padded_forward_matches_the_eager_step(tmp_path, arch, overrides):
         want_caches = [layer.kv_cache.clone() for layer in layers]
         for layer, cache in zip(layers, before):
             layer.kv_cache.copy_(cache)
-        got, _ = runner.run_eager(runner.bucket_for(len(chunk)), chunk, start, table)
+        got, _ = runner.run_eager(runner.bucket_for(len(chunk)), [(chunk, start, table)])
         assert got.shape == want.shape == (1, config.hidden_size)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         for layer, cache, want_cache in zip(layers, before, want_caches):
@@ -153,3 +161,54 @@ def test_prefill_graphs_give_the_eager_tokens(tiny_qwen2_dir, dtype, monkeypatch
     assert not eager_graphs and eager_alone == 0
     assert has_graphs and alone == len(prompts) and extra == 0
     assert graph == eager and graph_together == eager_together
+
+
+@pytest.mark.gpu
+@pytest.mark.interpret
+def test_several_rows_in_one_padded_forward_match_the_eager_step(tmp_path):
+    """`max_rows` 4: steps of three rows (a decode row, a chunk over a cached prefix, a new prompt) and of
+    four (each query tile in use, the spare ones past row 0's queries) give each row's last token as the
+    eager step does, and the same keys and values; blocks no row owns stay untouched."""
+    from qwick.layers.attention.triton_backend import TritonAttentionBackend
+
+    device = triton_device()
+    make_tiny_model("qwen2", str(tmp_path))
+    config = AutoConfig.from_pretrained(str(tmp_path))
+    model = build_model(config, str(tmp_path), dtype=torch.float32, device=device, max_len=256)
+    backend = TritonAttentionBackend(BLOCK, device)
+    layers = model.attention_layers()
+    gen = torch.Generator().manual_seed(1)
+    for layer in layers:
+        shape = (2, 16, BLOCK, layer.num_kv_heads, layer.head_dim)
+        layer.kv_cache = torch.randn(shape, generator=gen).to(device)  # cached contexts with content
+        layer.backend = backend
+    runner = PrefillGraphRunner(
+        model, backend, max_tokens=64, max_model_len=256, block_size=BLOCK, device=device, max_rows=4
+    )
+    ids = lambda n: torch.randint(2, 300, (n,), generator=gen).tolist()  # noqa: E731
+    steps = [
+        [(ids(1), 30, [3, 5]), (ids(20), 40, [7, 1, 9, 2]), (ids(13), 0, [11])],
+        [(ids(9), 0, [12]), (ids(1), 17, [13, 14]), (ids(30), 0, [4, 6]), (ids(2), 5, [15])],
+    ]
+    for step in steps:
+        owned = {b for _, _, table in step for b in table}
+        rows = [AttentionRow(start, len(t), table) for t, start, table in step]
+        ends = (torch.tensor([len(t) for t, _, _ in step]).cumsum(0) - 1).tolist()
+        before = [layer.kv_cache.clone() for layer in layers]
+        with set_forward_context(backend.build_metadata(rows)), torch.inference_mode():
+            want = model(
+                torch.tensor([x for t, _, _ in step for x in t], device=device),
+                torch.tensor([s + j for t, s, _ in step for j in range(len(t))], device=device),
+                OutputRows(backend, ends, [r.last_query() for r in rows]),
+            )
+        want_caches = [layer.kv_cache.clone() for layer in layers]
+        for layer, cache in zip(layers, before):
+            layer.kv_cache.copy_(cache)
+        got, (chunk, _) = runner.run_eager(runner.bucket_for(sum(len(t) for t, _, _ in step)), step)
+        assert list(chunk.plan["triton"].tiles) == [runner.tile_rows(64)]  # the uploaded tiles only
+        assert got.shape == (4, config.hidden_size)
+        torch.testing.assert_close(got[: len(step)], want, atol=1e-4, rtol=1e-4)
+        for layer, cache, want_cache in zip(layers, before, want_caches):
+            torch.testing.assert_close(layer.kv_cache, want_cache, atol=1e-5, rtol=1e-5)
+            untouched = [b for b in range(16) if b not in owned]
+            assert torch.equal(layer.kv_cache[:, untouched], cache[:, untouched])

@@ -40,10 +40,11 @@ class _EagerPrefillGraphs:
     def __init__(self, runner) -> None:
         self.runner, self.num_replays = runner, 0
 
-    def can_run(self, num_tokens: int, table_len: int) -> bool:
-        return 1 < num_tokens <= 64
+    def can_run(self, num_tokens: int, num_rows: int, table_len: int) -> bool:
+        return 1 < num_tokens <= 64 and num_rows == 1
 
-    def replay(self, token_ids, start, block_table, patch=None) -> torch.Tensor:
+    def replay(self, rows, patch=None) -> torch.Tensor:
+        ((token_ids, start, block_table),) = rows
         r = self.runner
         row = AttentionRow(start, len(token_ids), block_table)
         out = OutputRows(r.backend, [len(token_ids) - 1], [row.last_query()])
@@ -156,3 +157,22 @@ def test_a_chunk_between_decode_rows_is_put_back_in_place(tiny_qwen2_dir):
     assert runner._split_replay(rows, token_ids, positions, [], [], [0, 1, 2]) is None
     runner.split_mixed_max_tokens = 64
     assert runner._split_replay(rows, token_ids, positions, [6], [1], [0, 1, 2]) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_small_mixed_steps_replay_one_prefill_graph(tiny_qwen2_dir, dtype, monkeypatch):
+    """`PREFILL_GRAPH_ROWS` 4: a new prompt's chunk beside up to three decode rows replays one prefill
+    graph (no split needed); the greedy tokens are eager serving's."""
+    from qwick.runner import prefill_graphs
+
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    want, _ = _staggered(gpu_graph_llm(tiny_qwen2_dir, dtype, True, max_model_len=256))
+    monkeypatch.setattr(prefill_graphs, "PREFILL_GRAPH_ROWS", 4)
+    llm = gpu_graph_llm(tiny_qwen2_dir, dtype, False, max_model_len=256)
+    runner = llm.llm_engine.core.runner
+    assert runner.prefill_graphs.max_rows == 4
+    got, _ = _staggered(llm)
+    assert got == want
+    assert runner.num_prefill_graph_replays >= 4  # every arrival's step, the mixed ones included

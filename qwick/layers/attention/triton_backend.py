@@ -523,6 +523,8 @@ def _extend_kernel(
     m0 = tl.load(tiles_ptr + 2 * tile + 1)
     q_start = tl.load(query_start_ptr + row)
     q_len = tl.load(query_start_ptr + row + 1) - q_start
+    if m0 >= q_len:  # a CUDA graph's spare tile (`qwick.runner.prefill_graphs`): no queries
+        return
     seq_len = tl.load(seq_lens_ptr + row)
     ctx = seq_len - q_len  # tokens already in the cache before this step's queries
 
@@ -663,6 +665,10 @@ class TritonAttentionBackend(AttentionBackend):
         if num_rows >= 64:
             return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
         return {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+
+    def prefill_tile_rows(self, head_dim: int, itemsize: int, max_query_len: int) -> int:
+        """The prefill kernel's query-tile height (BLOCK_M) for rows of up to `max_query_len` queries."""
+        return self._extend_cfg(head_dim, itemsize, max_query_len)["BLOCK_M"]
 
     def _extend_cfg(self, head_dim: int, itemsize: int, max_query_len: int) -> dict:
         if self.extend_config is not None:
