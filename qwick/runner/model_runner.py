@@ -197,6 +197,7 @@ class ModelRunner:
             max_model_len=self.max_model_len,
             block_size=self.block_size,
             device=self.device,
+            dtype=self.dtype,
         )
 
     def _capture_graphs(self) -> None:

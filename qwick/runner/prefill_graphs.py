@@ -89,10 +89,12 @@ class PrefillGraphRunner:
         max_model_len: int,
         block_size: int,
         device: torch.device,
+        dtype: torch.dtype = torch.bfloat16,
         max_rows: int = 1,
     ) -> None:
         self.model = model
         self.backend = backend
+        self.dtype = dtype  # the activations' (the prefill kernel's launch shape depends on it)
         self.device = device
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -116,9 +118,8 @@ class PrefillGraphRunner:
 
     def tile_rows(self, p: int) -> int:
         """The prefill kernel's query-tile height at bucket `p` (its launch shape for p-query rows)."""
-        layer = self.model.attention_layers()[0]
-        itemsize = next(self.model.parameters()).element_size()
-        return self.backend.prefill_tile_rows(layer.head_dim, itemsize, p)
+        head_dim = self.model.attention_layers()[0].head_dim
+        return self.backend.prefill_tile_rows(head_dim, self.dtype.itemsize, p)
 
     def _num_tiles(self, p: int) -> int:
         """Query tiles a step of up to `max_rows` rows and p tokens can need (none stored with one row:

@@ -183,7 +183,14 @@ def test_several_rows_in_one_padded_forward_match_the_eager_step(tmp_path):
         layer.kv_cache = torch.randn(shape, generator=gen).to(device)  # cached contexts with content
         layer.backend = backend
     runner = PrefillGraphRunner(
-        model, backend, max_tokens=64, max_model_len=256, block_size=BLOCK, device=device, max_rows=4
+        model,
+        backend,
+        max_tokens=64,
+        max_model_len=256,
+        block_size=BLOCK,
+        device=device,
+        dtype=torch.float32,
+        max_rows=4,
     )
     ids = lambda n: torch.randint(2, 300, (n,), generator=gen).tolist()  # noqa: E731
     steps = [
