@@ -80,7 +80,7 @@ def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False
     return compile_ptx(_decode_kernel, sig, const, div, warps, stages)
 
 
-def extend(fp8: bool, stages: int):
+def extend(fp8: bool, stages: int, spare: bool = False):
     kv = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": kv, "v_cache_ptr": kv, "out_ptr": "*bf16"}
     sig |= {
@@ -93,7 +93,7 @@ def extend(fp8: bool, stages: int):
     sig |= {n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_bt")}
     sig |= {n: "i32" for n in ("stride_cb", "stride_cs", "stride_ch")}
     const = dict(HEAD_DIM=128, D_PAD=128, BLOCK_SIZE=16, BLOCK_M=128, BLOCK_N=128, DOT_PREC="tf32")
-    const |= dict(KV_FP8=fp8, F16_DOT=fp8)
+    const |= dict(KV_FP8=fp8, F16_DOT=fp8, SPARE_TILES=spare)
     div = [n for n in sig if n.endswith("_ptr")] + list(_STRIDES)
     return compile_ptx(_extend_kernel, sig, const, div, 8, stages)
 
@@ -130,6 +130,7 @@ VARIANTS = {
     "decode fp8 writing the new keys (128 keys, 4 warps, 2 stages)": lambda: decode(True, 128, 4, 2, True),
     "extend bf16 (128 x 128, 2 stages)": lambda: extend(False, 2),
     "extend fp8 (128 x 128, 2 stages)": lambda: extend(True, 2),
+    "extend bf16 with spare tiles (a graph's)": lambda: extend(False, 2, spare=True),
     "gemv fp8 W8A16 (32 x 256)": lambda: gemv("fp8", 32, 256, 4, 3),
     "gemv int8 W8A16 (32 x 256)": lambda: gemv("int8", 32, 256, 4, 3),
     "tiles int4 reshape (64 rows)": lambda: tiles(64, False),

@@ -29,7 +29,8 @@ rows of any lengths, e.g. a new prompt's chunk beside a few decode rows, one-que
 kernel here, fits a bucket by its total tokens. The layout then holds each row's context length, query
 start and last token, `max_rows` block tables, and the prefill kernel's query tiles (row, first query),
 planned per step on the host in the backend's order. The tiles past a step's real ones start past their
-row's queries, so the kernel's programs for them return at once. Unused rows have no queries, a context of
+row's queries, so the kernel's programs for them return at once (`SPARE_TILES`, compiled for these graphs
+only). Unused rows have no queries, a context of
 one token over the null block and their last token at 0: their outputs are computed and not read.
 """
 
@@ -228,6 +229,7 @@ class PrefillGraphRunner:
         )
         if r > 1:  # the step's tiles, from the buffer (one row: the bucket's, planned at the warm-up)
             plan.tiles[self.tile_rows(p)] = v["tiles"]
+            plan.spare_tiles = True
         chunk.plan["triton"] = plan
         last = AttentionMetadata(
             num_tokens=r,

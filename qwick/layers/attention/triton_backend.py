@@ -515,6 +515,7 @@ def _extend_kernel(
     DOT_PREC: tl.constexpr,
     KV_FP8: tl.constexpr,
     F16_DOT: tl.constexpr,
+    SPARE_TILES: tl.constexpr,
 ):
     h = tl.program_id(0)  # heads fastest: the launch order is the tile order (`_tiles`) for every head
     tile = tl.program_id(1)
@@ -523,8 +524,9 @@ def _extend_kernel(
     m0 = tl.load(tiles_ptr + 2 * tile + 1)
     q_start = tl.load(query_start_ptr + row)
     q_len = tl.load(query_start_ptr + row + 1) - q_start
-    if m0 >= q_len:  # a CUDA graph's spare tile (`qwick.runner.prefill_graphs`): no queries
-        return
+    if SPARE_TILES:  # noqa: SIM102 (a constexpr branch) a CUDA graph's tiles past the step's: no queries
+        if m0 >= q_len:
+            return
     seq_len = tl.load(seq_lens_ptr + row)
     ctx = seq_len - q_len  # tokens already in the cache before this step's queries
 
@@ -589,6 +591,7 @@ class _TritonPlan:
     decode_max_seq_len: int
     extend_rows: list[tuple[int, int]]  # (row, query tokens) of rows with several queries
     tiles: dict = field(default_factory=dict)  # BLOCK_M -> [num_tiles, 2] int32: (row, first query)
+    spare_tiles: bool = False  # tiles may start past their row's queries (a graph's fixed tile count)
     buffers: dict = field(default_factory=dict)  # (heads, head_dim, splits) -> (mid_o, mid_lse)
 
 
@@ -1067,5 +1070,6 @@ class TritonAttentionBackend(AttentionBackend):
             DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
             KV_FP8=is_fp8_kv(kv_cache.dtype),
             F16_DOT=is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
+            SPARE_TILES=plan.spare_tiles,
             **cfg,
         )
