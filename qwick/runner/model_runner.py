@@ -503,8 +503,10 @@ class ModelRunner:
             and self.sampled_rows_only
             and prefill_graphs.can_run(len(token_ids), len(rows), max(len(r.block_table) for r in rows))
         ):  # one prompt chunk alone (or with `max_rows` > 1, a few rows)
-            at = np.cumsum([0] + [r.num_tokens for r in rows])
-            step = [(token_ids[at[i] : at[i + 1]], r.start_pos, r.block_table) for i, r in enumerate(rows)]
+            step, at = [], 0
+            for r in rows:
+                step.append((token_ids[at : at + r.num_tokens], r.start_pos, r.block_table))
+                at += r.num_tokens
             last = prefill_graphs.replay(step, patch=patch)  # each row's last token
             if not logits_indices:
                 return None
