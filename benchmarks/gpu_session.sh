@@ -494,7 +494,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     # process each, and batch 1 (its decode must not change)
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_prefill_graphs.py \
       tests/runner/test_split_mixed_steps.py tests/runner/test_cuda_graphs.py \
-      tests/runner/test_memory_budget.py 2>&1 | tail -2
+      tests/runner/test_memory_budget.py 2>&1 | tail -15
     ROWS4="import sys, runpy; import qwick.runner.prefill_graphs as G; G.PREFILL_GRAPH_ROWS = 4; \
 sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
     for busy in 1 3; do
