@@ -63,6 +63,7 @@
 #                                            # tests, batch 1 with it and without
 #   bash benchmarks/gpu_session.sh int4_14b  # the tiled int4 kernel's shapes on qwen2.5-14b's layers
 #   bash benchmarks/gpu_session.sh graphrows  # prefill graphs of up to 4 rows (a prompt beside decoders)
+#   bash benchmarks/gpu_session.sh graphrows4  # with 4 rows the default: tests, batch 1 with 4 and 1 rows
 #   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
@@ -501,6 +502,20 @@ sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
       BUSY=$busy LEN=128 SPLIT=0 python benchmarks/mixed_split_ttft.py qwen2.5-7b 8 2>&1 | grep -E "TTFT|Error"
       BUSY=$busy LEN=128 SPLIT=0 python -c "$ROWS4" benchmarks/mixed_split_ttft.py qwen2.5-7b 8 2>&1 \
         | grep -E "TTFT|Error"
+    done
+    ;;
+  graphrows4)  # after `PREFILL_GRAPH_ROWS` went to 4: the graph tests again, then batch 1 (128-token TTFT
+    # and decode, bf16 and int4) with 4-row graphs and 1-row ones, one process each, and their capture cost
+    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_prefill_graphs.py \
+      tests/runner/test_split_mixed_steps.py tests/runner/test_memory_budget.py 2>&1 | tail -15
+    ROWS1="import sys; import qwick.runner.prefill_graphs as G; G.PREFILL_GRAPH_ROWS = 1; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in none int4; do
+      Q=$([ $q = none ] || echo "--quantization $q")
+      run b1_${q}_rows4 $LAT --shape qwen2.5-7b $SHORT $Q --output-json "$OUT/b1_${q}_rows4.json"
+      run b1_${q}_rows1 python -c "$ROWS1" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT $Q \
+        --output-json "$OUT/b1_${q}_rows1.json"
+      grep -h "prefill CUDA graphs" "$OUT/b1_${q}_rows4.log" "$OUT/b1_${q}_rows1.log"
     done
     ;;
   int4ttft)  # int4's short-prompt TTFT with the 65-128-row tiled path and without, alternating in one

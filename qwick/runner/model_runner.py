@@ -511,7 +511,7 @@ class ModelRunner:
             if not logits_indices:
                 return None
             if len(rows) == 1:
-                return last
+                return last[:1]  # the graph's rows past the step's are unused
             return last[to_device(sampling_row_index, torch.long, self.device)]
         elif (
             split := self._split_replay(rows, token_ids, positions, patch_dst, patch_src, sampling_row_index)

@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 # Rows a prefill graph takes: 1, one prompt chunk alone; more, steps of that many rows of any lengths (decode
 # rows beside a new prompt's chunk), not yet timed on a GPU (`gpu_session.sh graphrows`).
-PREFILL_GRAPH_ROWS = 1
+PREFILL_GRAPH_ROWS = 4
 # The largest prompt chunk a prefill graph takes (0: no prefill graphs). H200, qwen2.5-7b shapes, TTFT of
 # a lone prompt with the graphs against without (medians, alternating in one process): bf16 5.4 against
 # 16.9 ms at 128 tokens, 11.4 / 22.9 at 512, 21.9 / 25.8 at 1024; int4 8.7 / 42.4 at 128, 26.1 / 28.2 at 1024.

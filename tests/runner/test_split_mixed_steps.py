@@ -109,17 +109,20 @@ def test_split_steps_give_the_eager_tokens_and_logits(tiny_qwen2_dir, async_sche
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_split_steps_replay_graphs_with_the_eager_tokens(tiny_qwen2_dir, dtype):
+def test_split_steps_replay_graphs_with_the_eager_tokens(tiny_qwen2_dir, dtype, monkeypatch):
+    from qwick.runner import prefill_graphs
+
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     want, _ = _staggered(gpu_graph_llm(tiny_qwen2_dir, dtype, True, max_model_len=256))
+    monkeypatch.setattr(prefill_graphs, "PREFILL_GRAPH_ROWS", 1)  # else <= 3 decoders + a prompt: one graph
     llm = gpu_graph_llm(tiny_qwen2_dir, dtype, False, max_model_len=256)
     runner = llm.llm_engine.core.runner
-    runner.split_mixed_max_tokens = 64
+    runner.split_mixed_max_tokens = 128  # the 90-token prompt is one chunk here (no token budget set)
     prefill_replays = runner.num_prefill_graph_replays
     got, _ = _staggered(llm)
     assert got == want
-    assert runner.num_prefill_graph_replays - prefill_replays >= 4  # 3 lone or split chunks, at least
+    assert runner.num_prefill_graph_replays - prefill_replays >= 4  # 1 lone and 3 split chunks, at least
 
 
 def test_a_chunk_between_decode_rows_is_put_back_in_place(tiny_qwen2_dir):
