@@ -479,7 +479,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in none int4 fp8; do
       Q=$([ $q = none ] || echo "--quantization $q")
-      for i in 1 2; do
+      for i in ${REPS:-1 2}; do
         run b1_${q}_fused_$i python -c "$FUSED" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT $Q \
           --output-json "$OUT/b1_${q}_fused_$i.json"
         run b1_${q}_$i $LAT --shape qwen2.5-7b $SHORT $Q --output-json "$OUT/b1_${q}_$i.json"

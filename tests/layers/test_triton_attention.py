@@ -621,6 +621,8 @@ def test_decode_kernel_writes_the_new_keys_itself(heads, kv_heads, head_dim, spl
     if INTERPRET:
         assert torch.equal(caches[0].view(torch.uint8), caches[1].view(torch.uint8))
         assert torch.equal(outs[0], outs[1])
-    else:  # compiled, the rotations' rounded products may differ by a unit in the last place
-        torch.testing.assert_close(caches[0].float(), caches[1].float(), atol=2e-2, rtol=2e-2)
+    else:  # compiled, the rotations' rounded products may differ by a unit in the last place (of fp8
+        # codes too: one e4m3 step is 1/8 relative, where the bf16 rounding of the separate write flips it)
+        tol = 0.13 if kv_fp8 else 2e-2
+        torch.testing.assert_close(caches[0].float(), caches[1].float(), atol=2e-2, rtol=tol)
         torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=2e-2, rtol=2e-2)
