@@ -461,7 +461,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
   mixedsplit)  # steps of decode rows and one prompt chunk as two graph replays (`split_mixed_max_tokens`,
     # off): its GPU test, then the TTFT of prompts arriving beside 8 and 64 decoders, split and eager
     # alternating in one process (128- and 1024-token prompts; bf16, int4), to pick the chunk limit
-    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_split_mixed_steps.py 2>&1 | tail -2
+    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_split_mixed_steps.py 2>&1 | tail -8
     for busy in 8 64; do
       for len in 128 1024; do
         BUSY=$busy LEN=$len python benchmarks/mixed_split_ttft.py qwen2.5-7b 8 2>&1 | grep -E "TTFT|Error"
