@@ -143,8 +143,10 @@ class ModelRunner:
         # Steps of decode rows and one prompt chunk of at most this many tokens run as two graph replays,
         # the decode rows' and then the chunk's, instead of one eager forward (0: off). Each replay reads
         # every weight, but an eager forward of a short chunk waits on the host (~0.5 ms a layer at 7b
-        # shapes). Off until timed on a GPU (`gpu_session.sh mixedsplit`).
-        self.split_mixed_max_tokens = 0
+        # shapes). H200, 7b shapes, TTFT of a prompt arriving beside 8 / 64 decoders, split against eager
+        # (`gpu_session.sh mixedsplit`, bf16): 128 tokens 13.6 / 21.4 and 15.3 / 33.5 ms, 512 tokens
+        # 19.4 / 20.9 and 20.6 / 22.7, 1024 tokens 28.9 / 27.4 and 30.2 / 30.1 (no gain).
+        self.split_mixed_max_tokens = 512
         self.graph_reserve_bytes = 0  # set by the GPU memory profile when graphs are on
         self.num_blocks = self._decide_num_blocks()
         self._allocate_kv_cache(self.num_blocks)
