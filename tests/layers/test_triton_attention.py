@@ -604,12 +604,12 @@ def test_decode_kernel_writes_the_new_keys_itself(heads, kv_heads, head_dim, spl
     tri = _backend(bs, device, fixed_num_splits=splits)
     outs, caches = [], []
     for fused in (True, False):
-        tri.fuse_decode_write = fused
+        tri.fuse_decode_write = tri.fuse_fp8_decode_write = fused
         x = qkv.clone()
         q, k, v = (t.view(len(rows), -1, head_dim) for t in x.split(sizes, dim=-1))
         md = tri.build_metadata(rows)
         md.slot_mapping[-1] = -1  # a CUDA graph's padding row
-        assert tri.fuses_decode_write(q, k, v, rope, md) == fused
+        assert tri.fuses_decode_write(q, k, v, rope, md, cache.dtype) == fused
         c = cache.clone()
         outs.append(tri.forward(q, k, v, c, md, **kw))
         caches.append(c)
@@ -621,8 +621,28 @@ def test_decode_kernel_writes_the_new_keys_itself(heads, kv_heads, head_dim, spl
     if INTERPRET:
         assert torch.equal(caches[0].view(torch.uint8), caches[1].view(torch.uint8))
         assert torch.equal(outs[0], outs[1])
-    else:  # compiled, the rotations' rounded products may differ by a unit in the last place (of fp8
-        # codes too: one e4m3 step is 1/8 relative, where the bf16 rounding of the separate write flips it)
+    else:  # compiled, the rotations' rounded products may differ by a unit in the last place, and fp8
+        # codes by one e4m3 step (1/8 relative; seen at head_dim 128 on the H200, cause not yet known)
         tol = 0.13 if kv_fp8 else 2e-2
         torch.testing.assert_close(caches[0].float(), caches[1].float(), atol=2e-2, rtol=tol)
         torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.interpret
+def test_decode_write_is_fused_by_default_for_bf16_caches_only():
+    """The defaults: a pure decode step into a bf16 cache writes inside the decode kernel, one into an fp8
+    cache through the separate write (`FUSE_FP8_DECODE_WRITE` off), and a mixed step never fuses."""
+    from qwick.layers.attention.triton_backend import TritonAttentionBackend
+    from qwick.layers.rotary import RopeStep
+
+    device = triton_device()
+    tri = TritonAttentionBackend(16, device)
+    rows, _ = _make_rows([(5, 1), (20, 1)], 16, random.Random(0))
+    q, k, v = (torch.zeros(2, h, 64, device=device).to(_lowp(torch.bfloat16)) for h in (4, 2, 2))
+    tables = torch.zeros(64, 64, device=device)
+    rope = RopeStep(torch.tensor([5, 20], device=device), tables, tables)
+    md = tri.build_metadata(rows)
+    assert tri.fuses_decode_write(q, k, v, rope, md, torch.bfloat16)
+    assert not tri.fuses_decode_write(q, k, v, rope, md, FP8_KV_DTYPE)
+    mixed, _ = _make_rows([(5, 1), (20, 3)], 16, random.Random(0))
+    assert not tri.fuses_decode_write(q, k, v, rope, tri.build_metadata(mixed), torch.bfloat16)

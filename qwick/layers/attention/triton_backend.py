@@ -84,8 +84,12 @@ LONG_PREFILL_QUERIES = 4096
 # Pure decode steps rotate q and write the new key and value inside the decode kernel (`FUSED_WRITE`), not
 # in `_rope_kv_write_kernel` before it: one launch per layer fewer again. H200, qwen2.5-7b shapes, batch-1
 # decode with it / without (`gpu_session.sh decodewrite`): bf16 238.0 / 235.1, int4 470.5 / 459.5, fp8
-# 360.4 / 354.6 tok/s.
+# weights 360.4 / 354.6 tok/s (all with a bf16 cache).
 FUSE_DECODE_WRITE = True
+# The same into an fp8 cache: off. On the H200 its cache codes differ from the separate write's by an e4m3
+# step at head_dim 128, and fp8-cache graph serving then lost its token-for-token match with eager serving
+# (tests/runner/test_fp8_kv_cache.py), which the separate write keeps. Not yet understood.
+FUSE_FP8_DECODE_WRITE = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity" for running maxima and the decode kernel's (already scaled) masked scores: a
 # fully masked tile then yields exp2(0) garbage that the next real maximum wipes out (alpha = 0), instead
@@ -652,6 +656,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.longest_first = LONGEST_FIRST
         self.fuse_rope = FUSE_ROPE
         self.fuse_decode_write = FUSE_DECODE_WRITE
+        self.fuse_fp8_decode_write = FUSE_FP8_DECODE_WRITE
         self.long_prefill_queries = LONG_PREFILL_QUERIES
 
     # ---- tuning --------------------------------------------------------------------------------------
@@ -885,18 +890,26 @@ class TritonAttentionBackend(AttentionBackend):
         """As the base class's; a pure decode step with `fuse_decode_write` on writes its keys and values
         inside the decode kernel (`FUSED_WRITE`) instead of a launch of its own."""
         kw = dict(scale=scale, sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale)
-        if output_rows is None and rope is not None and self.fuses_decode_write(q, k, v, rope, metadata):
+        fuse = rope is not None and self.fuses_decode_write(q, k, v, rope, metadata, kv_cache.dtype)
+        if output_rows is None and fuse:
             return self.attend(q, kv_cache, metadata, new_kv=(k, v, rope), **kw)
         return super().forward(q, k, v, kv_cache, metadata, rope=rope, output_rows=output_rows, **kw)
 
     def fuses_decode_write(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeStep, md: AttentionMetadata
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeStep,
+        md: AttentionMetadata,
+        cache_dtype: torch.dtype,
     ) -> bool:
-        """Whether the decode kernel writes this step's keys and values: `fuse_decode_write` on, every row
-        one decode token, and what `write_kv_rope` would take (a head_dim of 16 or more, so that the
-        kernel's padded head is the head)."""
+        """Whether the decode kernel writes this step's keys and values: `fuse_decode_write` on (and
+        `fuse_fp8_decode_write` for an fp8 cache), every row one decode token, and what `write_kv_rope`
+        would take (a head_dim of 16 or more, so that the kernel's padded head is the head)."""
         return (
             self.fuse_decode_write
+            and (self.fuse_fp8_decode_write or not is_fp8_kv(cache_dtype))
             and md.num_tokens == md.num_rows
             and q.shape[2] >= 16
             and self.fuses_rope(q, k, v, rope)
