@@ -458,9 +458,9 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/prefill_graph_ttft.py qwen2.5-7b 10 2>&1 | grep -E "TTFT|prefill|Error"
     run b1_bf16 $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/b1_bf16.json"
     ;;
-  mixedsplit)  # steps of decode rows and one prompt chunk as two graph replays (`split_mixed_max_tokens`,
-    # off): its GPU test, then the TTFT of prompts arriving beside 8 and 64 decoders, split and eager
-    # alternating in one process (128- and 1024-token prompts; bf16, int4), to pick the chunk limit
+  mixedsplit)  # steps of decode rows and one prompt chunk as two graph replays (`split_mixed_max_tokens`, 512
+    # since the nineteenth session): its GPU test, then the TTFT of prompts arriving beside 8 and 64
+    # decoders, split and eager alternating in one process (128- and 1024-token prompts; bf16, int4)
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_split_mixed_steps.py 2>&1 | tail -8
     for busy in 8 64; do
       for len in 128 1024; do
@@ -470,8 +470,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     QUANT=int4 BUSY=8 LEN=128 python benchmarks/mixed_split_ttft.py qwen2.5-7b 8 2>&1 | grep -E "TTFT|Error"
     ;;
   decodewrite)  # pure decode steps writing their keys and values inside the decode kernel
-    # (`FUSE_DECODE_WRITE`, off): its GPU tests, then batch 1 (bf16, int4, fp8) with it and without,
-    # alternating processes
+    # (`FUSE_DECODE_WRITE`, on for bf16 caches): its GPU tests, then batch 1 (bf16, int4, fp8) with it
+    # and without, alternating processes
     python -m pytest -q -m gpu -p no:cacheprovider tests/layers/test_triton_attention.py \
       -k "writes_the_new_keys or rope_fused" 2>&1 | tail -2
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py 2>&1 | tail -2
@@ -489,7 +489,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
   int4_14b)  # the tiled int4 kernel's launch shapes (tuned at 7b shapes) on qwen2.5-14b's layers, bf16
     SHAPE=qwen2.5-14b MS="2 16 32 64 128" python benchmarks/w4a16_mid_m.py 2>&1 | grep -v -i warn
     ;;
-  graphrows)  # prefill graphs of up to 4 rows (`PREFILL_GRAPH_ROWS`, 1 by default): a new prompt beside a
+  graphrows)  # prefill graphs of up to 4 rows (`PREFILL_GRAPH_ROWS`, 4 by default): a new prompt beside a
     # few decode rows in one replay. Its GPU tests (and the one-row ones again), then the TTFT of prompts
     # arriving beside 1 and 3 decoders with 4-row graphs and with 1-row ones (eager mixed steps), one
     # process each, and batch 1 (its decode must not change)

@@ -68,8 +68,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="never capture CUDA graphs (by default, on a GPU, decode steps and a lone prompt chunk of up to "
-        "1,024 tokens replay them)",
+        help="never capture CUDA graphs (by default, on a GPU, decode steps and steps of up to 4 rows and "
+        "1,024 tokens, such as a new prompt beside a few decoders, replay them; a prompt chunk of up to 512 "
+        "tokens beside more decoders replays both kinds)",
     )
     g.add_argument(
         "--async-scheduling",

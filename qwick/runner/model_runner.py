@@ -182,8 +182,8 @@ class ModelRunner:
         )
 
     def _make_prefill_graph_runner(self):
-        """Steps of one prompt chunk (up to `PREFILL_GRAPH_ROWS` rows) and up to `PREFILL_GRAPH_TOKENS`
-        tokens replay CUDA graphs too, where decode steps do."""
+        """Steps of up to `PREFILL_GRAPH_ROWS` rows (a prompt chunk, alone or beside decode rows) and up to
+        `PREFILL_GRAPH_TOKENS` tokens replay CUDA graphs too, where decode steps do."""
         from qwick.runner.prefill_graphs import PREFILL_GRAPH_ROWS, PREFILL_GRAPH_TOKENS, PrefillGraphRunner
 
         max_tokens = min(

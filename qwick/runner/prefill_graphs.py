@@ -24,9 +24,9 @@ Design (the decode graphs' in `qwick.runner.cuda_graphs`, for one row of many to
   forward and kept in each graph's metadata, so the captured forward allocates only from the graph pool.
 - The graphs share the decode graphs' memory pool: replays run one after another on one stream.
 
-Several rows (`max_rows` > 1, `PREFILL_GRAPH_ROWS`; off until timed on a GPU): a step of up to `max_rows`
-rows of any lengths, e.g. a new prompt's chunk beside a few decode rows, one-query rows of the prefill
-kernel here, fits a bucket by its total tokens. The layout then holds each row's context length, query
+Several rows (`max_rows` > 1, `PREFILL_GRAPH_ROWS`, 4 by default): a step of up to `max_rows` rows of any
+lengths, e.g. a new prompt's chunk beside a few decode rows, one-query rows of the prefill kernel here,
+fits a bucket by its total tokens. The layout then holds each row's context length, query
 start and last token, `max_rows` block tables, and the prefill kernel's query tiles (row, first query),
 planned per step on the host in the backend's order. The tiles past a step's real ones start past their
 row's queries, so the kernel's programs for them return at once (`SPARE_TILES`, compiled for these graphs
@@ -51,7 +51,9 @@ from qwick.runner.cuda_graphs import gc_paused, peak_allocated_bytes
 logger = logging.getLogger(__name__)
 
 # Rows a prefill graph takes: 1, one prompt chunk alone; more, steps of that many rows of any lengths (decode
-# rows beside a new prompt's chunk), not yet timed on a GPU (`gpu_session.sh graphrows`).
+# rows beside a new prompt's chunk). H200, 7b shapes, bf16, TTFT of a 128-token prompt beside 1 / 3 decoders
+# (`gpu_session.sh graphrows`): 11.6 / 11.7 ms with 4 rows, 38.7 / 38.2 with 1 (an eager step); a lone
+# prompt's 5.4-5.7 against 5.4.
 PREFILL_GRAPH_ROWS = 4
 # The largest prompt chunk a prefill graph takes (0: no prefill graphs). H200, qwen2.5-7b shapes, TTFT of
 # a lone prompt with the graphs against without (medians, alternating in one process): bf16 5.4 against
