@@ -1,5 +1,6 @@
-"""Which graph path makes fp8-cache graph serving differ from eager: run the fp8 graph test with one of
-the fused decode write, the 4-row prefill graphs or the mixed-step split turned off (argv[1])."""
+"""Which graph path makes fp8-cache graph serving differ from eager: run the fp8 graph test as it is
+(`base`), with one of the fused decode write, the 4-row prefill graphs or the mixed-step split turned off
+(`nofuse`, `rows1`, `nosplit`), or with the fused write into fp8 caches on (`fp8fuse`)."""
 
 import sys
 
@@ -10,7 +11,9 @@ import qwick.runner.prefill_graphs as G
 from qwick.runner.model_runner import ModelRunner
 
 what = sys.argv[1]
-if what == "nofuse":
+if what == "fp8fuse":
+    T.FUSE_FP8_DECODE_WRITE = True
+elif what == "nofuse":
     T.FUSE_DECODE_WRITE = False
 elif what == "rows1":
     G.PREFILL_GRAPH_ROWS = 1

@@ -6,8 +6,10 @@ saved inside the CUDA graph is worth ~1-2 us.
 
 The kernels write transformers' bf16/fp16 arithmetic step by step (statistics in fp32, the normalized value
 rounded to the model dtype before the weight multiply; rotary products rounded before the sum; silu rounded
-before the multiply). Triton's compiler may fold such a round trip away (it does for the rotary products),
-so the fused layers agree with the PyTorch path to one rounding step of the output (tests/kernels).
+before the multiply). Triton's compiler may fold such a round trip away: it fused a rounded rotary product
+into the sum after it (`fma.rn.bf16`, one rounding where PyTorch has two, and not the same product in every
+kernel), so those products are rounded in PTX it cannot see through (`round_to`). Elsewhere the fused layers
+agree with the PyTorch path to one rounding step of the output (tests/kernels).
 
 RMSNorm and SiLU-and-mul can also quantize their output per token for a W8A8 projection that reads it
 (`quant`, a `RowQuant`): the codes and scales are bit-identical to `qwick.kernels.w8a8.quantize_rows` on
@@ -21,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from qwick.kernels.half2 import _EMULATE
 from qwick.kernels.w8a8 import codes_of, inv_qmax
 from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
 
@@ -207,15 +210,33 @@ def rope_tables(cos_ptr, sin_ptr, pos, d, HEAD_DIM: tl.constexpr, dtype: tl.cons
 
 
 @triton.jit
+def round_to(x, dtype: tl.constexpr):
+    """fp32 x rounded to nearest in `dtype` (bf16 or fp16; fp32 unchanged), back in fp32. On the GPU through
+    a PTX conversion the compiler cannot see through: written as `x.to(dtype)`, a rounded product feeding
+    an add is contracted into a 16-bit FMA that skips the product's rounding (Triton 3.6, sm_90 PTX)."""
+    if dtype == tl.float32:
+        y = x
+    elif _EMULATE:  # the interpreter runs no PTX (and contracts nothing)
+        y = x.to(dtype).to(tl.float32)
+    elif dtype == tl.bfloat16:
+        y = tl.inline_asm_elementwise("cvt.rn.bf16.f32 $0, $1;", "=h,r", [x], tl.bfloat16, True, 1)
+        y = y.to(tl.float32)
+    else:
+        y = tl.inline_asm_elementwise("cvt.rn.f16.f32 $0, $1;", "=h,r", [x], tl.float16, True, 1)
+        y = y.to(tl.float32)
+    return y
+
+
+@triton.jit
 def rotate_halves(p1, half, mask, c, s, dtype: tl.constexpr):
     """The NeoX rotation of the heads at `p1` (first halves; second halves at `p1 + half`), in `dtype`:
     out1 = x1*cos + (-x2)*sin, out2 = x2*cos + x1*sin, each product rounded as in PyTorch."""
     x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(p1 + half, mask=mask, other=0.0).to(tl.float32)
-    a1 = (x1 * c).to(dtype).to(tl.float32)
-    b1 = (-x2 * s).to(dtype).to(tl.float32)
-    a2 = (x2 * c).to(dtype).to(tl.float32)
-    b2 = (x1 * s).to(dtype).to(tl.float32)
+    a1 = round_to(x1 * c, dtype)
+    b1 = round_to(-x2 * s, dtype)
+    a2 = round_to(x2 * c, dtype)
+    b2 = round_to(x1 * s, dtype)
     return (a1 + b1).to(dtype), (a2 + b2).to(dtype)
 
 
@@ -225,8 +246,8 @@ def rotate_tile(x, partner, first_half, c, s, dtype: tl.constexpr):
     half (`first_half` where x is x1), and the cos / sin of its column: the same products, rounded alike."""
     x = x.to(tl.float32)
     partner = partner.to(tl.float32)
-    a = (x * c).to(dtype).to(tl.float32)
-    b = (tl.where(first_half, -partner, partner) * s).to(dtype).to(tl.float32)
+    a = round_to(x * c, dtype)
+    b = round_to(tl.where(first_half, -partner, partner) * s, dtype)
     return (a + b).to(dtype)
 
 

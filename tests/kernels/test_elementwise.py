@@ -1,8 +1,8 @@
 """Fused norm / RoPE / SiLU kernels against the PyTorch layers they replace (the oracle), on the GPU.
 
 The kernels round where PyTorch rounds, so in bf16 and fp16 they agree with the PyTorch path to one rounding
-step of the output (the fp32 sum of squares is taken in a different order; Triton may fuse a multiply into
-an add; `exp` differs in its last fp32 bit), and the residual sum is bit-identical.
+step of the output (the fp32 sum of squares is taken in a different order; `exp` differs in its last fp32
+bit), and the residual sum and the rotary embedding are bit-identical.
 Without a GPU, TRITON_INTERPRET=1 runs them through Triton's interpreter.
 """
 
@@ -68,11 +68,12 @@ def test_rope_in_place_matches_reference(dtype, heads, kv_heads, head_dim):
     ref_q, ref_k = apply_rotary(q.clone(), k.clone(), c, s)
     v_before = qkv[:, q_size + kv_size :].clone()
     rotary_in_place(q, k, positions, cos, sin)
-    # Triton keeps the products unrounded inside the sum (it folds the round trip through the model dtype,
-    # measured on the H200: ~12% of bf16 outputs one step off): one rounding step of the output at most.
-    tol = _ulp(dtype)
-    torch.testing.assert_close(q, ref_q, atol=tol, rtol=tol)
-    torch.testing.assert_close(k, ref_k, atol=tol, rtol=tol)
+    if dtype == torch.float32:  # nothing to round: the compiler may contract a product into an FMA
+        torch.testing.assert_close(q, ref_q, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(k, ref_k, atol=1e-6, rtol=1e-6)
+    else:  # PyTorch's bits: the products are rounded in PTX (`round_to`) that the compiler cannot fuse
+        # into the sum (written as a cast, it did: ~12% of bf16 outputs one step off on the H200)
+        assert torch.equal(q, ref_q) and torch.equal(k, ref_k)
     assert torch.equal(qkv[:, q_size + kv_size :], v_before)  # v untouched
 
 
