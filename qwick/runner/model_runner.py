@@ -490,8 +490,7 @@ class ModelRunner:
     ) -> torch.Tensor | None:
         """Run the step's forward: a decode graph (every row one token), a prefill graph (one prompt chunk
         alone), both (`_split_replay`) or eagerly. Returns the final hidden states of the sampling rows, in
-        sampling order (None when nothing samples)."""
-        patch = self._patch(patch_dst, patch_src)
+        sampling order (None when nothing samples). Each branch uploads the in-flight patch it needs once."""
         graphs, prefill_graphs = self.graph_runner, self.prefill_graphs
         out = None
         if (
@@ -499,6 +498,7 @@ class ModelRunner:
             and len(token_ids) == len(rows)  # pure decode: one token per row
             and graphs.can_run(len(rows), max(len(r.block_table) for r in rows))
         ):
+            patch = self._patch(patch_dst, patch_src)
             hidden = graphs.replay(token_ids, positions, [r.block_table for r in rows], patch=patch)
         elif (
             prefill_graphs is not None
@@ -509,7 +509,7 @@ class ModelRunner:
             for r in rows:
                 step.append((token_ids[at : at + r.num_tokens], r.start_pos, r.block_table))
                 at += r.num_tokens
-            last = prefill_graphs.replay(step, patch=patch)  # each row's last token
+            last = prefill_graphs.replay(step, patch=self._patch(patch_dst, patch_src))  # rows' last tokens
             if not logits_indices:
                 return None
             if len(rows) == 1:
@@ -522,7 +522,7 @@ class ModelRunner:
         else:
             metadata = self.backend.build_metadata(rows)
             ids = to_device(token_ids, torch.long, self.device)
-            if patch is not None:
+            if (patch := self._patch(patch_dst, patch_src)) is not None:
                 patch(ids)
             pos = to_device(positions, torch.long, self.device)
             if self.sampled_rows_only and len(logits_indices) < len(token_ids):
