@@ -488,9 +488,10 @@ class ModelRunner:
         patch_dst: list[int],
         patch_src: list[int],
     ) -> torch.Tensor | None:
-        """Run the step's forward: a decode graph (every row one token), a prefill graph (one prompt chunk
-        alone), both (`_split_replay`) or eagerly. Returns the final hidden states of the sampling rows, in
-        sampling order (None when nothing samples). Each branch uploads the in-flight patch it needs once."""
+        """Run the step's forward: a decode graph (every row one token), a prefill graph (up to its
+        `max_rows` rows, a prompt chunk among them), both (`_split_replay`) or eagerly. Returns the final
+        hidden states of the sampling rows, in sampling order (None when nothing samples). Each branch
+        uploads the in-flight patch it needs once."""
         graphs, prefill_graphs = self.graph_runner, self.prefill_graphs
         out = None
         if (

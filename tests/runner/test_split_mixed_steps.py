@@ -79,6 +79,58 @@ def _staggered(llm: LLM) -> tuple[dict[str, list[int]], list[torch.Tensor]]:
     return tokens, logits
 
 
+class _FourRowPrefillGraphs:
+    """A `PrefillGraphRunner` stand-in with `max_rows` 4: steps of up to four rows, and, as a replay's
+    output, each row's last token followed by rows the step does not use (NaN here)."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.num_replays, self.rows_seen = runner, 0, []
+
+    def can_run(self, num_tokens: int, num_rows: int, table_len: int) -> bool:
+        return 1 < num_tokens <= 64 and num_rows <= 4
+
+    def replay(self, rows, patch=None) -> torch.Tensor:
+        r = self.runner
+        att = [AttentionRow(start, len(ids), table) for ids, start, table in rows]
+        ends = torch.tensor([len(ids) for ids, _, _ in rows]).cumsum(0) - 1
+        out = OutputRows(r.backend, ends.tolist(), [a.last_query() for a in att])
+        ids = torch.tensor([t for step_ids, _, _ in rows for t in step_ids])
+        if patch is not None:
+            patch(ids)
+        pos = torch.tensor([p for a in att for p in range(a.start_pos, a.seq_len)])
+        self.num_replays += 1
+        self.rows_seen.append(len(rows))
+        with set_forward_context(r.backend.build_metadata(att)):
+            last = r.model(ids, pos, out)
+        return torch.cat([last, torch.full((4 - len(rows), last.shape[1]), float("nan"))])
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_several_row_prefill_graphs_give_the_eager_tokens_and_logits(tiny_qwen2_dir, async_scheduling):
+    """Steps of up to four rows through one prefill graph (a prompt alone, or beside decode rows): the
+    sampling rows' logits, and no more rows than sample (the graph's unused rows stay out), are the eager
+    step's."""
+    kwargs = dict(
+        dtype="float32",
+        block_size=4,
+        max_model_len=256,
+        max_num_batched_tokens=64,
+        async_scheduling=async_scheduling,
+        enable_prefix_caching=False,
+    )
+    want_tokens, want_logits = _staggered(LLM(tiny_qwen2_dir, **kwargs))
+    llm = LLM(tiny_qwen2_dir, **kwargs)
+    runner = llm.llm_engine.core.runner
+    runner.graph_runner, runner.prefill_graphs = _EagerDecodeGraphs(runner), _FourRowPrefillGraphs(runner)
+    tokens, logits = _staggered(llm)
+    assert tokens == want_tokens
+    assert [x.shape for x in logits] == [x.shape for x in want_logits]
+    for got, want in zip(logits, want_logits):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    seen = runner.prefill_graphs.rows_seen
+    assert 1 in seen and max(seen) > 1  # a lone prompt, and a prompt beside decode rows
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_split_steps_give_the_eager_tokens_and_logits(tiny_qwen2_dir, async_scheduling):
     kwargs = dict(

@@ -54,7 +54,6 @@ from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
     AttentionRow,
-    OutputRows,
     is_fp8_kv,
     kv_layout_of,
 )
@@ -86,9 +85,11 @@ LONG_PREFILL_QUERIES = 4096
 # decode with it / without (`gpu_session.sh decodewrite`): bf16 238.0 / 235.1, int4 470.5 / 459.5, fp8
 # weights 360.4 / 354.6 tok/s (all with a bf16 cache).
 FUSE_DECODE_WRITE = True
-# The same into an fp8 cache: off. On the H200 its cache codes differ from the separate write's by an e4m3
-# step at head_dim 128, and fp8-cache graph serving then lost its token-for-token match with eager serving
-# (tests/runner/test_fp8_kv_cache.py), which the separate write keeps. Not yet understood.
+# The same into an fp8 cache: off. On the H200 its cache codes differed from the separate write's by an
+# e4m3 step at head_dim 128, and fp8-cache graph serving lost its token-for-token match with eager serving
+# (tests/runner/test_fp8_kv_cache.py). The likely cause, found in the sm_90 PTX: the two kernels contracted
+# different rotary products into bf16 FMAs, which `round_to` now prevents. On once `gpu_session.sh
+# roundto` passes on a GPU.
 FUSE_FP8_DECODE_WRITE = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 # A finite "minus infinity" for running maxima and the decode kernel's (already scaled) masked scores: a
@@ -872,28 +873,14 @@ class TritonAttentionBackend(AttentionBackend):
             self.write_kv(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         return q
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        *,
-        scale: float,
-        sliding_window: int | None,
-        k_scale: float = 1.0,
-        v_scale: float = 1.0,
-        rope: RopeStep | None = None,
-        output_rows: OutputRows | None = None,
-    ) -> torch.Tensor:
-        """As the base class's; a pure decode step with `fuse_decode_write` on writes its keys and values
-        inside the decode kernel (`FUSED_WRITE`) instead of a launch of its own."""
-        kw = dict(scale=scale, sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale)
+    def forward(self, q, k, v, kv_cache, metadata, *, rope=None, output_rows=None, **scales) -> torch.Tensor:
+        """The base class's (`scales`: its scale, sliding_window, k_scale, v_scale); a pure decode step with
+        `fuse_decode_write` on writes its keys and values inside the decode kernel (`FUSED_WRITE`)
+        instead of a launch of its own."""
         fuse = rope is not None and self.fuses_decode_write(q, k, v, rope, metadata, kv_cache.dtype)
         if output_rows is None and fuse:
-            return self.attend(q, kv_cache, metadata, new_kv=(k, v, rope), **kw)
-        return super().forward(q, k, v, kv_cache, metadata, rope=rope, output_rows=output_rows, **kw)
+            return self.attend(q, kv_cache, metadata, new_kv=(k, v, rope), **scales)
+        return super().forward(q, k, v, kv_cache, metadata, rope=rope, output_rows=output_rows, **scales)
 
     def fuses_decode_write(
         self,
