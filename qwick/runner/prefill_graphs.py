@@ -1,10 +1,12 @@
-"""CUDA graphs for a lone prompt's prefill step, captured at bucketed token counts.
+"""CUDA graphs for prefill steps (a prompt chunk, alone or beside a few decode rows), captured at bucketed
+token counts.
 
 A short prompt's prefill is bound by the host, not the GPU: eagerly, the forward of a 7b model launches
 about 340 kernels at ~0.5 ms of Python per layer (the host has launched a 2048-token prefill's 28 layers
 only after 15-18 ms, BENCHMARKS.md), while the GPU needs a few ms for a 128-token prompt. So when a step
 is one prompt chunk and nothing else (one user's request arriving at an idle server: the time to first
-token that a latency-first server is judged by), it replays a graph of the whole forward instead.
+token that a latency-first server is judged by), or that chunk beside up to three decode rows (`max_rows`),
+it replays a graph of the whole forward instead.
 
 Design (the decode graphs' in `qwick.runner.cuda_graphs`, for one row of many tokens):
 - Buckets of 32, 64, 128, 256, 384, 512, 768 and 1024 tokens, up to `max_tokens`; a chunk of n tokens
