@@ -79,6 +79,29 @@ def _staggered(llm: LLM) -> tuple[dict[str, list[int]], list[torch.Tensor]]:
     return tokens, logits
 
 
+def _eager_then_fresh(path: str, async_scheduling: bool):
+    """The staggered run's tokens and logits on an eager LLM, and a fresh LLM of the same settings (steps of
+    at most 64 tokens: the 90-token prompt comes in two chunks) for the stand-ins."""
+    kwargs = dict(
+        dtype="float32",
+        block_size=4,
+        max_model_len=256,
+        max_num_batched_tokens=64,
+        async_scheduling=async_scheduling,
+        enable_prefix_caching=False,
+    )
+    return _staggered(LLM(path, **kwargs)), LLM(path, **kwargs)
+
+
+def _assert_same_as_eager(got: tuple, want_tokens: dict, want_logits: list) -> None:
+    """Greedy tokens equal, and every step's logits close, with as many rows as the eager step's."""
+    tokens, logits = got
+    assert tokens == want_tokens
+    assert [x.shape for x in logits] == [x.shape for x in want_logits]
+    for g, w in zip(logits, want_logits):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
 class _FourRowPrefillGraphs:
     """A `PrefillGraphRunner` stand-in with `max_rows` 4: steps of up to four rows, and, as a replay's
     output, each row's last token followed by rows the step does not use (NaN here)."""
@@ -110,50 +133,24 @@ def test_several_row_prefill_graphs_give_the_eager_tokens_and_logits(tiny_qwen2_
     """Steps of up to four rows through one prefill graph (a prompt alone, or beside decode rows): the
     sampling rows' logits, and no more rows than sample (the graph's unused rows stay out), are the eager
     step's."""
-    kwargs = dict(
-        dtype="float32",
-        block_size=4,
-        max_model_len=256,
-        max_num_batched_tokens=64,
-        async_scheduling=async_scheduling,
-        enable_prefix_caching=False,
-    )
-    want_tokens, want_logits = _staggered(LLM(tiny_qwen2_dir, **kwargs))
-    llm = LLM(tiny_qwen2_dir, **kwargs)
+    (want_tokens, want_logits), llm = _eager_then_fresh(tiny_qwen2_dir, async_scheduling)
     runner = llm.llm_engine.core.runner
     runner.graph_runner, runner.prefill_graphs = _EagerDecodeGraphs(runner), _FourRowPrefillGraphs(runner)
-    tokens, logits = _staggered(llm)
-    assert tokens == want_tokens
-    assert [x.shape for x in logits] == [x.shape for x in want_logits]
-    for got, want in zip(logits, want_logits):
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    _assert_same_as_eager(_staggered(llm), want_tokens, want_logits)
     seen = runner.prefill_graphs.rows_seen
     assert 1 in seen and max(seen) > 1  # a lone prompt, and a prompt beside decode rows
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_split_steps_give_the_eager_tokens_and_logits(tiny_qwen2_dir, async_scheduling):
-    kwargs = dict(
-        dtype="float32",
-        block_size=4,
-        max_model_len=256,
-        max_num_batched_tokens=64,
-        async_scheduling=async_scheduling,
-        enable_prefix_caching=False,
-    )
-    want_tokens, want_logits = _staggered(LLM(tiny_qwen2_dir, **kwargs))
-    llm = LLM(tiny_qwen2_dir, **kwargs)
+    (want_tokens, want_logits), llm = _eager_then_fresh(tiny_qwen2_dir, async_scheduling)
     runner = llm.llm_engine.core.runner
     runner.graph_runner, runner.prefill_graphs = _EagerDecodeGraphs(runner), _EagerPrefillGraphs(runner)
     runner.split_mixed_max_tokens = 64
     split = runner._split_replay
     splits = []
     runner._split_replay = lambda *a: splits.append(split(*a)) or splits[-1]
-    tokens, logits = _staggered(llm)
-    assert tokens == want_tokens
-    assert len(logits) == len(want_logits)
-    for got, want in zip(logits, want_logits):
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    _assert_same_as_eager(_staggered(llm), want_tokens, want_logits)
     # Mixed steps were split (a chunk beside decode rows), the 64-token chunk (the limit) included.
     assert sum(s is not None for s in splits) >= 3
     assert runner.prefill_graphs.num_replays > sum(s is not None for s in splits)  # lone chunks too
