@@ -26,5 +26,5 @@ elif what == "nosplit":
 
     ModelRunner.__init__ = patched
 test = "tests/runner/test_fp8_kv_cache.py::test_fp8_triton_graphs_match_eager_and_reference"
-code = pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", test])
+code = pytest.main(["-q", "-s", "-m", "gpu", "-p", "no:cacheprovider", test])
 print(f"{what}: exit {int(code)}")

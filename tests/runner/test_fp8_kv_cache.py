@@ -243,7 +243,8 @@ def test_fp8_doubles_gpu_kv_capacity(tmp_path):
 def test_fp8_triton_graphs_match_eager_and_reference(tmp_path, arch, overrides):
     """Triton backend, fp8 cache: CUDA-graph decode gives eager's tokens exactly (head dims 64 and 128,
     GQA 2:1 / 4:1, chunked prefill mixed with decodes, prefix-cache hits on the second pass), and the
-    PyTorch reference backend on the same fp8 cache agrees on >= 90% of the greedy tokens."""
+    PyTorch reference backend on the same fp8 cache, reading Triton's sequences, ranks each of Triton's greedy
+    tokens within 0.1 of its best logit."""
     _needs_fp8_gpu()
     path = str(tmp_path / arch)
     make_tiny_model(arch, path, **overrides)
@@ -275,5 +276,24 @@ def test_fp8_triton_graphs_match_eager_and_reference(tmp_path, arch, overrides):
     assert replays > 0 and eager_replays == 0
     for i, (a, b) in enumerate(zip(eager, graphs)):
         assert a == b, f"request {i}: CUDA-graph tokens differ from eager"
-    reference, _ = generate("torch", eager=True)
-    assert _agreement(reference, graphs) >= 0.9
+    # Greedy tokens of a tiny random model part ways at near-ties, and an fp8 cache turns a one-ulp difference
+    # upstream into a whole e4m3 step, so compare teacher-forced: the reference backend reads each
+    # sequence Triton produced, and every token Triton chose must be (near) its argmax too.
+    reference = LLM(
+        path,
+        dtype="bfloat16",
+        kv_cache_dtype="fp8",
+        attention_backend="torch",
+        enforce_eager=True,
+        num_gpu_blocks_override=256,
+        block_size=16,
+        max_model_len=256,
+    )
+    worst, spread = 0.0, 0.0
+    for prompt, tokens in zip(prompts, graphs):
+        logits = _logits(reference, prompt + tokens[:-1])[len(prompt) - 1 :]
+        chosen = logits.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)
+        worst = max(worst, (logits.max(-1).values - chosen).max().item())
+        spread = max(spread, logits.std(-1).max().item())
+    print(f"reference's best logit minus Triton's token's, at most: {worst:.4f} (logit std {spread:.3f})")
+    assert worst < 0.1
