@@ -629,9 +629,9 @@ def test_decode_kernel_writes_the_new_keys_itself(heads, kv_heads, head_dim, spl
 
 
 @pytest.mark.interpret
-def test_decode_write_is_fused_by_default_for_bf16_caches_only():
-    """The defaults: a pure decode step into a bf16 cache writes inside the decode kernel, one into an fp8
-    cache through the separate write (`FUSE_FP8_DECODE_WRITE` off), and a mixed step never fuses."""
+def test_decode_write_is_fused_by_default_and_never_in_mixed_steps():
+    """The defaults: a pure decode step writes inside the decode kernel, into a bf16 cache and an fp8 one
+    alike, a mixed step through the separate write; with `fuse_fp8_decode_write` off, fp8 caches don't."""
     from qwick.layers.attention.triton_backend import TritonAttentionBackend
     from qwick.layers.rotary import RopeStep
 
@@ -643,6 +643,9 @@ def test_decode_write_is_fused_by_default_for_bf16_caches_only():
     rope = RopeStep(torch.tensor([5, 20], device=device), tables, tables)
     md = tri.build_metadata(rows)
     assert tri.fuses_decode_write(q, k, v, rope, md, torch.bfloat16)
+    assert tri.fuses_decode_write(q, k, v, rope, md, FP8_KV_DTYPE)
+    tri.fuse_fp8_decode_write = False
     assert not tri.fuses_decode_write(q, k, v, rope, md, FP8_KV_DTYPE)
+    assert tri.fuses_decode_write(q, k, v, rope, md, torch.bfloat16)
     mixed, _ = _make_rows([(5, 1), (20, 3)], 16, random.Random(0))
     assert not tri.fuses_decode_write(q, k, v, rope, tri.build_metadata(mixed), torch.bfloat16)
