@@ -62,6 +62,8 @@
 #   bash benchmarks/gpu_session.sh decodewrite  # the decode kernel writing the new keys and values:
 #                                            # tests, batch 1 with it and without
 #   bash benchmarks/gpu_session.sh int4_14b  # the tiled int4 kernel's shapes on qwen2.5-14b's layers
+#   bash benchmarks/gpu_session.sh int4_14b_e2e  # the launch shapes 14b's sweep added: tests, the sweep,
+#                                            # 32 / 64 concurrent 14b int4 requests with them and without
 #   bash benchmarks/gpu_session.sh graphrows  # prefill graphs of up to 4 rows (a prompt beside decoders)
 #   bash benchmarks/gpu_session.sh graphrows4  # with 4 rows the default: tests, batch 1 with 4 and 1 rows
 #   bash benchmarks/gpu_session.sh roundto   # rotary products rounded in PTX: exactness tests, fp8 graphs
@@ -489,6 +491,21 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     ;;
   int4_14b)  # the tiled int4 kernel's launch shapes (tuned at 7b shapes) on qwen2.5-14b's layers, bf16
     SHAPE=qwen2.5-14b MS="2 16 32 64 128" python benchmarks/w4a16_mid_m.py 2>&1 | grep -v -i warn
+    ;;
+  int4_14b_e2e)  # the two launch-shape cases that 14b's sweep added (`WIDE_TILE_WAVES`,
+    # `MIN_K_PER_FOUR_SPLITS` in qwick/kernels/w4a16.py): the tiled kernel's GPU tests, the sweep at 32 and 64
+    # rows (its "default" column should now equal the best), then 32 and 64 concurrent 14b int4 requests
+    # with the new cases and without (both set to infinity), one process each
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w4a16.py 2>&1 | tail -2
+    SHAPE=qwen2.5-14b MS="32 64" python benchmarks/w4a16_mid_m.py 2>&1 | grep -v -i warn
+    OLD14="import sys; import qwick.kernels.w4a16 as W; W.WIDE_TILE_WAVES = W.MIN_K_PER_FOUR_SPLITS = float('inf'); \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    T="bench throughput --shape qwen2.5-14b --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 1 \
+      --quantization int4"
+    for n in 32 64; do
+      run t${n}_14b_int4 $CLI $T --num-prompts $n --output-json "$OUT/t${n}_14b_int4.json"
+      run t${n}_14b_int4_old python -c "$OLD14" $T --num-prompts $n --output-json "$OUT/t${n}_14b_int4_old.json"
+    done
     ;;
   graphrows)  # prefill graphs of up to 4 rows (`PREFILL_GRAPH_ROWS`, 4 by default): a new prompt beside a
     # few decode rows in one replay. Its GPU tests (and the one-row ones again), then the TTFT of prompts

@@ -383,12 +383,21 @@ class TiledW4Config:
     nibble_dots: bool = False  # nibble-pair dots on x permuted first (else the reshape into K order)
 
 
+# The two cases the twentieth session's 14b sweep added to `tiled_w4_config` (float("inf") turns either off).
+WIDE_TILE_WAVES = 1.5
+MIN_K_PER_FOUR_SPLITS = 1024
+
+
 def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> TiledW4Config:
     """The H200 sweep's winners (`benchmarks/w4a16_mid_m.py`, timed in CUDA graphs, seventeenth session,
     7b shapes): the nibble-pair dots, 4 warps, 3 stages, on one M tile of 16 (up to 16 rows),
     32 (17-32) or 64 rows (more; one 128-row tile with 8 warps was slower). 128 outputs per tile, but 64
     at 17-64 rows unless the output tiles alone fill the SMs (gate/up) or, up to 32 rows, K is long
     (down); K split in four, or in two where the output tiles alone fill the SMs at 33+ rows (gate/up).
+    The twentieth session's sweep on 14b's layers added two cases: 128 outputs wherever 128-output tiles,
+    split in four, make 1.5 waves (14b's qkv, 7168 x 5120: 30.5 against 38.8 us at 64 rows), and K in four
+    at 33-64 rows while each split keeps 1,024 of K (14b's gate/up, K 5120: 86.4 against 93.0 us; 7b's
+    896 per split lost to two). Neither changes a 7b choice.
     The four layers of a decoder layer at their best shapes: at 2-16 rows 115-121 us against 307-431
     with `quant_matmul`; at 32 rows 143 against 196 with a dot per nibble (x gathered per nibble); at 64
     rows 184 against 261 with the reshape into K order; at 128 rows 283 against 330 with dequantize-then-
@@ -399,10 +408,13 @@ def tiled_w4_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> Ti
         block_m, block_n, nibble = 64, 128, False
     else:
         block_m, nibble = (16 if m <= 16 else 32 if m <= 32 else 64), True
-        wide = m <= 16 or m > 64 or (m <= 32 and k >= 8192) or triton.cdiv(n, 128) >= num_sms
+        wide_tiles = triton.cdiv(n, 128)
+        many = wide_tiles >= num_sms or wide_tiles * 4 >= WIDE_TILE_WAVES * num_sms
+        wide = m <= 16 or m > 64 or (m <= 32 and k >= 8192) or many
         block_n = 128 if wide else 64
     tiles = triton.cdiv(n, block_n) * triton.cdiv(triton.next_power_of_2(m), block_m)
-    split = 4 if (nibble and m <= 32) or tiles < num_sms else 2
+    long_k = nibble and m <= 64 and k // 4 >= MIN_K_PER_FOUR_SPLITS
+    split = 4 if (nibble and m <= 32) or tiles < num_sms or long_k else 2
     while split > 1 and k // 8 // block_w < 2 * split:  # every split keeps two tiles of K
         split //= 2
     return TiledW4Config(block_m, block_n, block_w, split, nibble_dots=nibble)

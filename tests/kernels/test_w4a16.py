@@ -214,6 +214,16 @@ def test_tiled_int4_launch_shapes_follow_the_sweep():
             configs = [tiled_w4_config(m, n, k, 128, 132) for n, k in shapes.values()]
             assert [(c.block_m, c.block_n, c.split_k) for c in configs] == shapes_expected, m
             assert all(c.nibble_dots and c.num_warps == 4 for c in configs)
+    # 14b (the twentieth session's sweep): qkv takes 128 outputs at 17-64 rows, gate/up K in four at 33-64.
+    shapes14 = {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (27648, 5120), "down": (5120, 13824)}
+    expected14 = {
+        32: [(32, 128, 4), (32, 64, 4), (32, 128, 4), (32, 128, 4)],
+        64: [(64, 128, 4), (64, 64, 4), (64, 128, 4), (64, 64, 4)],
+        128: [(64, 128, 4), (64, 128, 4), (64, 128, 2), (64, 128, 4)],
+    }
+    for m, shapes_expected in expected14.items():
+        configs = [tiled_w4_config(m, n, k, 128, 132) for n, k in shapes14.values()]
+        assert [(c.block_m, c.block_n, c.split_k) for c in configs] == shapes_expected, m
     assert tiled_w4_config(20, 512, 128, 128, 132).split_k == 1
     group64 = tiled_w4_config(20, 512, 512, 64, 132)  # a group of 64 codes is 8 words: too short a dot
     assert (group64.block_w, group64.nibble_dots) == (8, False)
@@ -230,6 +240,7 @@ def test_tiled_int4_default_launch_splits_k_only_where_the_workspace_holds_it():
     assert _default_tiled_launch(128, *gate_up, 1 << 23, 1 << 16).split_k == 1
     assert _default_tiled_launch(16, *gate_up, 1 << 23, 1 << 16).split_k == 4  # 4 x 16 x 37888 fits
     assert _default_tiled_launch(16, *gate_up, 1 << 23, 1 << 8).split_k == 1  # too few counters
+    assert _default_tiled_launch(64, 27648, 5120, 128, 132, 1 << 23, 1 << 16).split_k == 4  # 14b, 7.1M floats
 
 
 def test_tiled_int4_refuses_what_it_cannot_take():
