@@ -28,7 +28,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, os.getcwd())
 from qwick.kernels.gemv import _gemv_kernel  # noqa: E402
 from qwick.kernels.w4a16 import _w4_tiles_kernel  # noqa: E402
-from qwick.layers.attention.triton_backend import _decode_kernel, _extend_kernel  # noqa: E402
+from qwick.layers.attention.triton_kernels import decode_kernel, extend_kernel  # noqa: E402
 
 COUNTED = [
     "ld.shared.b8",
@@ -77,7 +77,7 @@ def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False
         + list(_STRIDES)
         + ["stride_mo_r", "stride_mo_h", "stride_mo_s", "stride_kt", "stride_vt", "stride_vh"]
     )
-    return compile_ptx(_decode_kernel, sig, const, div, warps, stages)
+    return compile_ptx(decode_kernel, sig, const, div, warps, stages)
 
 
 def extend(fp8: bool, stages: int, spare: bool = False):
@@ -95,7 +95,7 @@ def extend(fp8: bool, stages: int, spare: bool = False):
     const = dict(HEAD_DIM=128, D_PAD=128, BLOCK_SIZE=16, BLOCK_M=128, BLOCK_N=128, DOT_PREC="tf32")
     const |= dict(KV_FP8=fp8, F16_DOT=fp8, SPARE_TILES=spare)
     div = [n for n in sig if n.endswith("_ptr")] + list(_STRIDES)
-    return compile_ptx(_extend_kernel, sig, const, div, 8, stages)
+    return compile_ptx(extend_kernel, sig, const, div, 8, stages)
 
 
 def gemv(weight: str, block_n: int, block_k: int, split: int, stages: int):

@@ -1,41 +1,10 @@
 """Triton attention over the paged KV cache: the GPU backend (TorchAttentionBackend is its oracle).
 
-Three kernels per layer, all launched without a host sync (grid sizes come from the step's metadata,
-which is built once on the host from the scheduler's lists and shared by every layer):
-
-- `_kv_write_kernel`: one program per new token scatters its k/v (all kv heads) into the cache slot
-  `slot_mapping[t]`; slots < 0 are skipped (padding rows of a CUDA-graph batch). Given the step's rotary
-  tables (`rope`), `_rope_kv_write_kernel` does the same with the k heads rotated on the way, and rotates
-  the q heads in place: one launch per layer fewer than RoPE and the write apart.
-- decode (rows with one query token): flash-decoding. The grid is (row, kv head, split): each program
-  loads the query vectors of the whole GQA group (`G_PAD` >= 16 rows, padded, so `tl.dot` runs on tensor
-  cores) and reads each KV page of its context partition once for all of them, with an online softmax.
-  With several splits, each writes its partial output and log-sum-exp, and `_decode_reduce_kernel`
-  combines them. The grid depends only on (padded batch, kv heads, splits): static under CUDA graphs when
-  the split count is fixed (`fixed_num_splits`).
-- extend (rows with several query tokens: prefill, chunked prefill, prefill after a prefix hit): a
-  flash-attention kernel over (query tile of BLOCK_M tokens, head): the causal mask is offset by the row's
-  cached context, and a sliding window moves the first key tile forward. (torch's SDPA on whole prompts
-  was tried on the H200: flash attention ran no faster than this kernel in a 2048-token TTFT, 47.1 against
-  46.4 ms, and cuDNN, faster per call, plans every new prompt length for 37-58 ms:
-  `benchmarks/sdpa_new_lengths.py`. Tried again with prompts padded to 256-token buckets and every bucket
-  planned at startup (commit `b183115`): cuDNN's attention took 2.11 ms of a 2048-token prefill against
-  this kernel's 3.52, but the TTFT was 47.44 against 46.35 ms, startup 19.0 against 11.2 s, and new
-  lengths still ran slower.)
-
-A mixed step runs both attention kernels over disjoint sets of rows, writing disjoint output tokens.
-Softmax is computed in fp32 with exp2; P is cast to the KV dtype for the P@V product, as flash attention
-does; fp32 inputs use IEEE (not TF32) dot products.
-
-FP8 KV cache (`KV_FP8`, a float8_e4m3fn cache): the write kernel stores `clamp(x * (1 / scale), +-448)`
-rounded to e4m3 (the reference's `quantize_kv`, byte for byte); the attention kernels load fp8 pages
-(half the bytes), convert them exactly to the dot products' dtype, and apply the scales outside the dot
-products: `k_scale` is folded into the softmax scale on the host and `v_scale` multiplies the output once.
-With bf16/fp16 models the dot products run in fp16 (`F16_DOT`, queries scaled by 1/256): e4m3 converts to
-fp16 in one instruction, to bf16 in three. On the H200 at 32k context that took batch-1 decode from 199.5
-to 201.5 tok/s, still below a bf16 cache's 209.6: the conversion was not the main cost. fp32 models
-convert to fp32.
-Both scales are plain float arguments (never specialized); 16/32-bit caches compile exactly as before.
+Each step's metadata is built once on the host from the scheduler's lists and shared by every layer: which
+rows take the decode kernel and which the extend kernel, the decode split count, the extend tiles (in
+`_TritonPlan`). `forward` then launches the kernels of `triton_kernels` (their docstring says how they
+work) without a host sync. The module-level settings below are the measured defaults (H200 figures beside
+each), so that a benchmark can flip one for an A/B run.
 """
 
 from __future__ import annotations
@@ -45,17 +14,21 @@ from typing import TYPE_CHECKING
 
 import torch
 import triton
-import triton.language as tl
 
 from qwick.device_upload import to_device
-from qwick.kernels.elementwise import rope_tables, rotate_halves, rotate_tile
-from qwick.kernels.half2 import quarter_byte_f16
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
     AttentionRow,
     is_fp8_kv,
     kv_layout_of,
+)
+from qwick.layers.attention.triton_kernels import (
+    decode_kernel,
+    decode_reduce_kernel,
+    extend_kernel,
+    kv_write_kernel,
+    rope_kv_write_kernel,
 )
 
 LOG2E = 1.4426950408889634
@@ -70,7 +43,7 @@ MAX_NUM_SPLITS = 64
 # in BENCHMARKS.md): workload 3 bf16 13,623 out tok/s against 13,336 in the old order, fp8 16,845 against
 # 15,927.
 LONGEST_FIRST = True
-# RoPE applied by the KV-write kernel (`_rope_kv_write_kernel`) when a step's rotary tables are on the
+# RoPE applied by the KV-write kernel (`rope_kv_write_kernel`) when a step's rotary tables are on the
 # device: one launch per layer fewer. Measured on the H200 (ninth session of 12-01 in BENCHMARKS.md):
 # batch-1 decode bf16 235.2 against 233.4 tok/s, int4 410.9 against 405.9; a 2048-token TTFT unchanged.
 FUSE_ROPE = True
@@ -81,7 +54,7 @@ FUSE_ROPE = True
 # A 32k-token prompt's TTFT: 1,131.6 against 1,171.9 ms (benchmarks/long_prefill_ab.py).
 LONG_PREFILL_QUERIES = 4096
 # Pure decode steps rotate q and write the new key and value inside the decode kernel (`FUSED_WRITE`), not
-# in `_rope_kv_write_kernel` before it: one launch per layer fewer again. H200, qwen2.5-7b shapes, batch-1
+# in `rope_kv_write_kernel` before it: one launch per layer fewer again. H200, qwen2.5-7b shapes, batch-1
 # decode with it / without (`gpu_session.sh decodewrite`): bf16 238.0 / 235.1, int4 470.5 / 459.5, fp8
 # weights 360.4 / 354.6 tok/s (all with a bf16 cache).
 FUSE_DECODE_WRITE = True
@@ -92,497 +65,9 @@ FUSE_DECODE_WRITE = True
 # processes, 354.0 and 353.3 with it on another: no loss, a gain inside process-to-process noise.
 FUSE_FP8_DECODE_WRITE = True
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
-# A finite "minus infinity" for running maxima and the decode kernel's (already scaled) masked scores: a
-# fully masked tile then yields exp2(0) garbage that the next real maximum wipes out (alpha = 0), instead
-# of NaN; every real query has at least one real key. The extend kernel masks with -inf instead, because
-# it scales inside the exponent: the compiler fuses s * scale - max into one FMA, whose exact product of a
-# finite -1e30 minus the rounded one is off by ~1e22, and exp2 of that is inf (NaN out, seen on the H200).
-_NEG = tl.constexpr(-1.0e30)
 
 if TYPE_CHECKING:
     from qwick.layers.rotary import RopeStep
-
-
-# ---------------------------------------------------------------------------------------------------------
-# kernels
-# ---------------------------------------------------------------------------------------------------------
-@triton.jit
-def _tile_mask(row_ok, d, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
-    """Mask of a [rows, D_PAD] tile. Without head-dim padding it is constant along d, which keeps the
-    loads and stores 16-byte vectorized (a `d < HEAD_DIM` term would defeat Triton's analysis)."""
-    if D_PAD == HEAD_DIM:
-        return row_ok[:, None]
-    else:
-        return row_ok[:, None] & (d < HEAD_DIM)[None, :]
-
-
-@triton.jit
-def _to_cache(x, inv_scale, cache_ptr, KV_FP8: tl.constexpr):
-    """Values as the cache stores them: into fp8 as x / scale in fp32, saturated to e4m3's largest finite
-    value and rounded to nearest even; otherwise a plain cast."""
-    if KV_FP8:
-        x = tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -448.0), 448.0)
-    return x.to(cache_ptr.dtype.element_ty)
-
-
-@triton.jit
-def _kv_write_kernel(
-    k_ptr,
-    v_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    k_inv_scale,
-    v_inv_scale,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    BLOCK_SIZE: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    H_PAD: tl.constexpr,
-    D_PAD: tl.constexpr,
-    KV_FP8: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    hv = tl.arange(0, H_PAD)
-    h = hv[:, None]
-    d = tl.arange(0, D_PAD)
-    # `hv * 0 + slot`: a block, not a scalar, in the AND (the Triton interpreter rejects the mixed mask)
-    mask = _tile_mask((hv < NUM_KV_HEADS) & (hv * 0 + slot >= 0), d, HEAD_DIM, D_PAD)
-    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d[None, :], mask=mask)
-    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d[None, :], mask=mask)
-    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d[None, :]
-    tl.store(k_cache_ptr + dst, _to_cache(k, k_inv_scale, k_cache_ptr, KV_FP8), mask=mask)
-    tl.store(v_cache_ptr + dst, _to_cache(v, v_inv_scale, v_cache_ptr, KV_FP8), mask=mask)
-
-
-@triton.jit
-def _rope_kv_write_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    pos_ptr,
-    slot_ptr,
-    cos_ptr,
-    sin_ptr,
-    k_inv_scale,
-    v_inv_scale,
-    stride_qt,
-    stride_kt,
-    stride_vt,
-    stride_vh,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    BLOCK_SIZE: tl.constexpr,
-    NUM_Q_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    QH_PAD: tl.constexpr,
-    KVH_PAD: tl.constexpr,
-    KV_FP8: tl.constexpr,
-):
-    """One program per token: its q heads rotated in place, its k heads rotated into the cache slot and its
-    v heads copied there (slot < 0: no write), the values `rotary_in_place` then `_kv_write_kernel` give.
-    q and k heads are contiguous rows of HEAD_DIM (a power of two); the k input is left unrotated."""
-    t = tl.program_id(0).to(tl.int64)
-    half: tl.constexpr = HEAD_DIM // 2
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    d = tl.arange(0, half)
-    dtype = q_ptr.dtype.element_ty
-    c, s = rope_tables(cos_ptr, sin_ptr, pos, d, HEAD_DIM, dtype)
-
-    hq = tl.arange(0, QH_PAD)[:, None]
-    q_mask = hq < NUM_Q_HEADS
-    q1 = q_ptr + t * stride_qt + hq * HEAD_DIM + d[None, :]
-    o1, o2 = rotate_halves(q1, half, q_mask, c, s, dtype)
-    tl.store(q1, o1, mask=q_mask)
-    tl.store(q1 + half, o2, mask=q_mask)
-
-    hv = tl.arange(0, KVH_PAD)
-    h = hv[:, None]
-    # `hv * 0 + slot`: a block, not a scalar, in the AND (the Triton interpreter rejects the mixed mask)
-    kv_mask = ((hv < NUM_KV_HEADS) & (hv * 0 + slot >= 0))[:, None]
-    k1, k2 = rotate_halves(k_ptr + t * stride_kt + h * HEAD_DIM + d[None, :], half, kv_mask, c, s, dtype)
-    v1_ptr = v_ptr + t * stride_vt + h * stride_vh + d[None, :]
-    v1 = tl.load(v1_ptr, mask=kv_mask)
-    v2 = tl.load(v1_ptr + half, mask=kv_mask)
-    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d[None, :]
-    tl.store(k_cache_ptr + dst, _to_cache(k1, k_inv_scale, k_cache_ptr, KV_FP8), mask=kv_mask)
-    tl.store(k_cache_ptr + dst + half, _to_cache(k2, k_inv_scale, k_cache_ptr, KV_FP8), mask=kv_mask)
-    tl.store(v_cache_ptr + dst, _to_cache(v1, v_inv_scale, v_cache_ptr, KV_FP8), mask=kv_mask)
-    tl.store(v_cache_ptr + dst + half, _to_cache(v2, v_inv_scale, v_cache_ptr, KV_FP8), mask=kv_mask)
-
-
-# Values that change from step to step (the block-table width, split counts) are not specialized on: a new
-# value would otherwise compile a new kernel variant in the middle of serving a request.
-@triton.jit
-def _fp16_queries(q, scale_log2):
-    """Queries for fp16 dot products with fp8 keys and values (`F16_DOT`): e4m3 converts to fp16 in one
-    instruction and to bf16 in three, which made an fp8 cache slower to read than a bf16 one. fp16 holds
-    q / 256 for any bf16 q below 2^24 (q itself could pass fp16's 65504); the 256 returns in the softmax
-    scale. Probabilities and fp8 values are exact or finer in fp16 than in bf16."""
-    return quarter_byte_f16(q), scale_log2 * 256.0
-
-
-# Integers that vary with the step (split counts, and the split scratch's strides, heads x splits and
-# splits) are not specialized: Triton would compile a variant per divisibility class of each, and a
-# prefill's last token (decode attention outside the graphs) would meet classes no warm-up ran.
-@triton.jit(do_not_specialize=["num_splits", "window", "group", "stride_bt", "stride_ml_r", "stride_ml_h"])
-def _decode_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    out_ptr,
-    mid_o_ptr,
-    mid_lse_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    query_start_ptr,
-    rows_ptr,
-    scale_log2,
-    v_scale,
-    num_splits,
-    window,
-    group,
-    stride_qt,
-    stride_qh,
-    stride_ot,
-    stride_oh,
-    stride_bt,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    stride_mo_r,
-    stride_mo_h,
-    stride_mo_s,
-    stride_ml_r,
-    stride_ml_h,
-    k_ptr,
-    v_ptr,
-    slot_ptr,
-    cos_ptr,
-    sin_ptr,
-    k_inv_scale,
-    v_inv_scale,
-    stride_kt,
-    stride_vt,
-    stride_vh,
-    G_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    KV_FP8: tl.constexpr,
-    F16_DOT: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,
-    FUSED_WRITE: tl.constexpr,
-):
-    """Flash-decoding over one split of a row's context for one kv head's query group. With FUSED_WRITE
-    (q, k, v the step's unrotated projections; `write_kv_rope`'s work done here): the queries are rotated
-    in registers, and the program whose split holds the row's last position rotates that token's key and
-    writes it with its value into the cache slot (slot < 0: no write) before reading its keys."""
-    if HEADS_FIRST:  # kv heads fastest in launch order: a row's heads start together
-        kvh = tl.program_id(0)
-        i = tl.program_id(1)
-    else:
-        i = tl.program_id(0)
-        kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    row = tl.load(rows_ptr + i)
-    seq_len = tl.load(seq_lens_ptr + row)
-    tok = tl.load(query_start_ptr + row).to(tl.int64)
-
-    g = tl.arange(0, G_PAD)
-    d = tl.arange(0, D_PAD)
-    head = kvh * group + g
-    g_mask = g < group
-    gd_mask = _tile_mask(g_mask, d, HEAD_DIM, D_PAD)
-    q_row = q_ptr + tok * stride_qt + head[:, None] * stride_qh
-    q = tl.load(q_row + d[None, :], mask=gd_mask, other=0.0)
-    if FUSED_WRITE:  # D_PAD == HEAD_DIM, a power of two: each column's partner is in the other half
-        half: tl.constexpr = HEAD_DIM // 2
-        dtype = q_ptr.dtype.element_ty
-        c, s = rope_tables(cos_ptr, sin_ptr, (seq_len - 1).to(tl.int64), d % half, HEAD_DIM, dtype)
-        partner = (d + half) % HEAD_DIM
-        first_half = d < half
-        q_partner = tl.load(q_row + partner[None, :], mask=gd_mask, other=0.0)
-        q = rotate_tile(q, q_partner, first_half[None, :], c[None, :], s[None, :], dtype)
-    if F16_DOT:
-        q, scale_log2 = _fp16_queries(q, scale_log2)
-
-    # This split's range of key tiles; the window (if any) moves the first key forward.
-    start = tl.maximum(seq_len - window, 0)
-    first = start // BLOCK_N
-    last = tl.cdiv(seq_len, BLOCK_N)
-    per_split = tl.cdiv(last - first, num_splits)
-    t0 = first + split * per_split
-    t1 = tl.minimum(t0 + per_split, last)
-    if FUSED_WRITE:
-        if (t0 < t1) & (t1 == last):  # this split reads the row's last key: write it first
-            slot = tl.load(slot_ptr + tok).to(tl.int64)
-            k_row = k_ptr + tok * stride_kt + kvh * HEAD_DIM
-            k_new = rotate_tile(tl.load(k_row + d), tl.load(k_row + partner), first_half, c, s, dtype)
-            v_new = tl.load(v_ptr + tok * stride_vt + kvh * stride_vh + d)
-            dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kvh * stride_ch + d
-            ok = d * 0 + slot >= 0  # a block, not a scalar (the interpreter rejects the mixed mask)
-            tl.store(k_cache_ptr + dst, _to_cache(k_new, k_inv_scale, k_cache_ptr, KV_FP8), mask=ok)
-            tl.store(v_cache_ptr + dst, _to_cache(v_new, v_inv_scale, v_cache_ptr, KV_FP8), mask=ok)
-        tl.debug_barrier()  # the stores before any thread of the program reads the tile holding them
-
-    m_i = tl.full([G_PAD], _NEG, tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    bt_row = block_tables_ptr + row.to(tl.int64) * stride_bt
-    kv_off = kvh * stride_ch + d[None, :]
-    for t in range(t0, t1):
-        n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        in_seq = n < seq_len
-        valid = in_seq & (n >= start)
-        page = tl.load(bt_row + n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
-        at = page * stride_cb + (n % BLOCK_SIZE) * stride_cs  # the keys' slots (any `kv_layout`)
-        kv_mask = _tile_mask(valid, d, HEAD_DIM, D_PAD)
-        k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
-        qk = tl.where(valid[None, :], qk, _NEG)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
-        m_i = m_new
-
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
-    o = acc / l_safe[:, None]
-    if KV_FP8:
-        o = o * v_scale  # linear: the split partials combine the same with it applied
-    if num_splits == 1:
-        tl.store(
-            out_ptr + tok * stride_ot + head[:, None] * stride_oh + d[None, :],
-            o.to(out_ptr.dtype.element_ty),
-            mask=gd_mask,
-        )
-    else:
-        mid = mid_o_ptr + i * stride_mo_r + head[:, None] * stride_mo_h + split * stride_mo_s + d[None, :]
-        tl.store(mid, o, mask=gd_mask)
-        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(mid_lse_ptr + i * stride_ml_r + head * stride_ml_h + split, lse, mask=g_mask)
-
-
-@triton.jit(do_not_specialize=["num_splits", "stride_ml_r", "stride_ml_h"])
-def _decode_reduce_kernel(
-    mid_o_ptr,
-    mid_lse_ptr,
-    out_ptr,
-    query_start_ptr,
-    rows_ptr,
-    num_splits,
-    stride_mo_r,
-    stride_mo_h,
-    stride_mo_s,
-    stride_ml_r,
-    stride_ml_h,
-    stride_ot,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
-    S_PAD: tl.constexpr,
-    S_CHUNK: tl.constexpr,
-):
-    """out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse); empty splits have lse = -inf."""
-    i = tl.program_id(0)
-    h = tl.program_id(1)
-    row = tl.load(rows_ptr + i)
-    tok = tl.load(query_start_ptr + row).to(tl.int64)
-    lse_row = mid_lse_ptr + i * stride_ml_r + h * stride_ml_h
-    s = tl.arange(0, S_PAD)
-    lse = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
-    mx = tl.max(lse, 0)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    denom = tl.sum(tl.exp2(lse - mx), 0)
-    denom = tl.where(denom > 0, denom, 1.0)
-    d = tl.arange(0, D_PAD)
-    acc = tl.zeros([D_PAD], tl.float32)
-    o_row = mid_o_ptr + i * stride_mo_r + h * stride_mo_h
-    for s0 in range(0, num_splits, S_CHUNK):
-        sc = s0 + tl.arange(0, S_CHUNK)
-        sc_mask = sc < num_splits
-        w = tl.exp2(tl.load(lse_row + sc, mask=sc_mask, other=float("-inf")) - mx)
-        o = tl.load(
-            o_row + sc[:, None] * stride_mo_s + d[None, :],
-            mask=_tile_mask(sc_mask, d, HEAD_DIM, D_PAD),
-            other=0.0,
-        )
-        acc += tl.sum(w[:, None] * o, 0)
-    res = (acc / denom).to(out_ptr.dtype.element_ty)
-    if D_PAD == HEAD_DIM:
-        tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, res)
-    else:
-        tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, res, mask=d < HEAD_DIM)
-
-
-@triton.jit
-def _extend_tiles(
-    acc,
-    l_i,
-    m_i,
-    q,
-    q_pos,
-    k_cache_ptr,
-    v_cache_ptr,
-    bt_row,
-    kv_off,
-    d,
-    seq_len,
-    scale_log2,
-    window,
-    n_start,
-    n_end,
-    stride_cb,
-    stride_cs,
-    MASKED: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    """Online-softmax over key tiles [n_start, n_end); MASKED=False for tiles every query fully sees."""
-    # Tiles start at multiples of BLOCK_N (the callers' bounds are), so with pages that divide a tile a
-    # key's place inside its page is the same in every tile: its offset is computed once, out of the loop.
-    if BLOCK_N % BLOCK_SIZE == 0:
-        in_page = (tl.arange(0, BLOCK_N) % BLOCK_SIZE) * stride_cs
-    for n0 in range(n_start, n_end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        in_seq = n < seq_len
-        page = tl.load(bt_row + n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
-        if BLOCK_N % BLOCK_SIZE == 0:
-            at = page * stride_cb + in_page  # the keys' slots (any `kv_layout`)
-        else:
-            at = page * stride_cb + (n % BLOCK_SIZE) * stride_cs
-        kv_mask = _tile_mask(in_seq, d, HEAD_DIM, D_PAD)
-        k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
-        # The softmax runs on the CUDA cores between the two dots, so each op per score counts: the scale
-        # goes into the exponent's FMA (max(s) * scale = max(s * scale) for scale > 0), and P @ V
-        # accumulates into the rescaled acc inside the dot.
-        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
-        if MASKED:
-            mask = (n[None, :] <= q_pos[:, None]) & in_seq[None, :]
-            mask = mask & (n[None, :] > q_pos[:, None] - window)
-            qk = tl.where(mask, qk, float("-inf"))  # exp2 -> 0; the running max stays finite (_NEG)
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * scale_log2)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk * scale_log2 - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=DOT_PREC)
-        m_i = m_new
-    return acc, l_i, m_i
-
-
-@triton.jit(do_not_specialize=["window", "group", "stride_bt"])
-def _extend_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    out_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    query_start_ptr,
-    tiles_ptr,
-    scale_log2,
-    v_scale,
-    window,
-    group,
-    stride_qt,
-    stride_qh,
-    stride_ot,
-    stride_oh,
-    stride_bt,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    KV_FP8: tl.constexpr,
-    F16_DOT: tl.constexpr,
-    SPARE_TILES: tl.constexpr,
-):
-    h = tl.program_id(0)  # heads fastest: the launch order is the tile order (`_tiles`) for every head
-    tile = tl.program_id(1)
-    kvh = h // group
-    row = tl.load(tiles_ptr + 2 * tile)
-    m0 = tl.load(tiles_ptr + 2 * tile + 1)
-    q_start = tl.load(query_start_ptr + row)
-    q_len = tl.load(query_start_ptr + row + 1) - q_start
-    if SPARE_TILES:  # noqa: SIM102 (a constexpr branch) a CUDA graph's tiles past the step's: no queries
-        if m0 >= q_len:
-            return
-    seq_len = tl.load(seq_lens_ptr + row)
-    ctx = seq_len - q_len  # tokens already in the cache before this step's queries
-
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    m_mask = offs_m < q_len
-    q_pos = ctx + offs_m
-    tok = (q_start + offs_m).to(tl.int64)
-    d = tl.arange(0, D_PAD)
-    md_mask = _tile_mask(m_mask, d, HEAD_DIM, D_PAD)
-    q = tl.load(q_ptr + tok[:, None] * stride_qt + h * stride_qh + d[None, :], mask=md_mask, other=0.0)
-    if F16_DOT:
-        q, scale_log2 = _fp16_queries(q, scale_log2)
-
-    # Key tiles: [lo, hi) in all. Tiles in [full_lo, full_hi) lie before the tile's first query and
-    # inside the window of its last one, so they need no mask; the rest (the diagonal, the window's
-    # edge, the sequence end) are masked.
-    first_q = ctx + m0
-    last_q = tl.minimum(seq_len, first_q + BLOCK_M) - 1
-    hi = last_q + 1  # causal: no key past the tile's last query
-    lo = (tl.maximum(first_q - window + 1, 0) // BLOCK_N) * BLOCK_N
-    full_lo = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(last_q - window + 1, 0), BLOCK_N) * BLOCK_N, lo), hi)
-    full_hi = tl.maximum(((first_q + 1) // BLOCK_N) * BLOCK_N, full_lo)
-
-    m_i = tl.full([BLOCK_M], _NEG, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    bt_row = block_tables_ptr + row.to(tl.int64) * stride_bt
-    kv_off = kvh * stride_ch + d[None, :]
-    acc, l_i, m_i = _extend_tiles(
-        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, d, seq_len, scale_log2, window,
-        lo, full_lo, stride_cb, stride_cs, True, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
-    )  # fmt: skip
-    acc, l_i, m_i = _extend_tiles(
-        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, d, seq_len, scale_log2, window,
-        full_lo, full_hi, stride_cb, stride_cs, False, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
-    )  # fmt: skip
-    acc, l_i, m_i = _extend_tiles(
-        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, d, seq_len, scale_log2, window,
-        full_hi, hi, stride_cb, stride_cs, True, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N, DOT_PREC,
-    )  # fmt: skip
-
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
-    o = acc / l_safe[:, None]
-    if KV_FP8:
-        o = o * v_scale
-    tl.store(
-        out_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :],
-        o.to(out_ptr.dtype.element_ty),
-        mask=md_mask,
-    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -772,7 +257,7 @@ class TritonAttentionBackend(AttentionBackend):
             k = k.contiguous()
         if v.stride(2) != 1:
             v = v.contiguous()
-        _kv_write_kernel[(tokens,)](
+        kv_write_kernel[(tokens,)](
             k,
             v,
             kv_cache[0],
@@ -809,7 +294,7 @@ class TritonAttentionBackend(AttentionBackend):
         if tokens == 0:
             return
         num_kv_heads = k.shape[1]
-        _rope_kv_write_kernel[(tokens,)](
+        rope_kv_write_kernel[(tokens,)](
             q,
             k,
             v,
@@ -957,7 +442,7 @@ class TritonAttentionBackend(AttentionBackend):
         cfg = self._decode_cfg(head_dim, q.element_size(), is_fp8_kv(kv_cache.dtype), plan.num_decode)
         d_pad = _pow2(head_dim, 16)
         grid = (num_kv_heads, plan.num_decode) if self.longest_first else (plan.num_decode, num_kv_heads)
-        _decode_kernel[(*grid, splits)](
+        decode_kernel[(*grid, splits)](
             q,
             kv_cache[0],
             kv_cache[1],
@@ -1000,7 +485,7 @@ class TritonAttentionBackend(AttentionBackend):
         )
         if splits > 1:
             s_pad = _pow2(max(splits, self.max_num_splits), 16)
-            _decode_reduce_kernel[(plan.num_decode, num_heads)](
+            decode_reduce_kernel[(plan.num_decode, num_heads)](
                 mid_o,
                 mid_lse,
                 out,
@@ -1044,7 +529,7 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(
                 f"{tiles.shape[0]} prefill query tiles in one step; lower max_num_batched_tokens"
             )
-        _extend_kernel[(num_heads, tiles.shape[0])](
+        extend_kernel[(num_heads, tiles.shape[0])](
             q,
             kv_cache[0],
             kv_cache[1],
