@@ -37,11 +37,17 @@ from qwick.server.errors import (
     invalid_api_key,
 )
 from qwick.server.metrics import ServerMetrics
-from qwick.server.serving import OpenAIServing
+from qwick.server.serving_chat import ChatServing
+from qwick.server.serving_completions import CompletionServing
 
 logger = logging.getLogger("qwick.server")
 
 _DRAIN_LIMIT = 64 * 1024 * 1024  # read (and drop) at most this much of an oversized body before answering 413
+
+
+class Serving(ChatServing, CompletionServing):
+    """Every endpoint over one engine: chat, completions and /generate, sharing `OpenAIServing`'s checks,
+    admission and in-flight count."""
 
 
 def _error_response(err: APIError) -> JSONResponse:
@@ -119,7 +125,7 @@ def build_app(engine: Any, args: argparse.Namespace | Any = None) -> FastAPI:
     )
 
     metrics = ServerMetrics(engine, names[0])
-    serving = OpenAIServing(engine, list(names), metrics, max_waiting, max_num_seqs, parsers)
+    serving = Serving(engine, list(names), metrics, max_waiting, max_num_seqs, parsers)
 
     from qwick import __version__
 

@@ -6,8 +6,9 @@ coercion, no NaN/Infinity, and fields nobody knows are rejected with 400 ("Unrec
 supplied: <name>", OpenAI's own wording) so a typo such as `max_token` never passes silently. Fields that
 OpenAI defines and qwick does not implement are either accepted and ignored where they cannot change the
 output (`user`, `store`, `metadata`, `service_tier`, ...) or rejected with 400 when set to anything but
-their neutral value (`functions`, `suffix`, ...): see `serving.py`. Tool definitions are validated here
-(OpenAI's shape, unknown keys rejected); what they mean for the request is decided in `serving.py`.
+their neutral value (`functions`, `suffix`, ...): see `serving_chat.py` and `serving_completions.py`. Tool
+definitions are validated here (OpenAI's shape, unknown keys rejected); what they mean for the request is
+decided in `serving_chat.py`.
 """
 
 from __future__ import annotations
@@ -201,8 +202,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ChatTool] | None = None
     tool_choice: Any = None  # checked by _check_tool_choice
     parallel_tool_calls: bool | None = None  # false: at most one tool call
-    # Accepted only at their neutral value (checked in serving.py).
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # json_object / json_schema (serving.py)
+    # Accepted only at their neutral value (checked in serving_chat.py).
     functions: list[Any] | None = None
     function_call: Any = None
     modalities: list[str] | None = None

@@ -1,4 +1,6 @@
-"""The OpenAI-compatible endpoints' logic: requests in, engine requests out, responses and SSE streams back.
+"""What the OpenAI-compatible endpoints share: requests in, engine requests out, responses and SSE streams
+back. The endpoints are subclasses of `OpenAIServing`: `serving_chat.ChatServing` (chat completions) and
+`serving_completions.CompletionServing` (completions, /generate); the app serves one `Serving`, both.
 
 Every request asks the engine for DELTA outputs: one output per engine step per request, so a streamed
 response makes one write per step (whatever the number of tokens or choices in it), and a non-streamed one
@@ -13,20 +15,19 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from qwick.engine.async_llm import EngineDeadError
 from qwick.outputs import CompletionOutput, Logprob, RequestOutput
 from qwick.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from qwick.server import protocol as p
-from qwick.server.chat_parsing import ChatParsers, ChoiceParser, ToolPlan, delta_tool_calls, plan_tools
+from qwick.server.chat_parsing import ChatParsers
 from qwick.server.errors import (
     APIError,
     bad_request,
@@ -36,19 +37,13 @@ from qwick.server.errors import (
     overloaded,
 )
 from qwick.server.metrics import ServerMetrics
-from qwick.server.reasoning import prompt_think_state
-from qwick.server.tool_grammar import tool_call_grammar
 from qwick.structured_output.grammar import validate_structured_outputs
 
 logger = logging.getLogger("qwick.server")
 
 SSE_DONE = "data: [DONE]\n\n"
-_LONG_TEXT = 4096  # characters: chat templates and tokenization of longer inputs run off the event loop
+LONG_TEXT = 4096  # characters: chat templates and tokenization of longer inputs run off the event loop
 _NEG_INF_LOGPROB = -9999.0  # what OpenAI (and vLLM) report for a logprob of -inf
-_RESERVED_TEMPLATE_KWARGS = frozenset(
-    {"conversation", "tokenize", "add_generation_prompt", "continue_final_message", "return_dict",
-     "chat_template", "tools", "documents", "padding", "truncation", "max_length", "return_tensors"}
-)  # fmt: skip
 _SAMPLING_FIELDS = {
     "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "top_k",
     "min_p", "seed", "stop", "stop_token_ids", "max_tokens", "min_tokens", "logprobs", "logit_bias",
@@ -91,7 +86,7 @@ class ClientDisconnected(Exception):
     """The HTTP client went away before its answer was ready."""
 
 
-def _sse(model: p.ResponseModel, drop_none: tuple[str, ...] = ("usage", "qwick")) -> str:
+def sse_event(model: p.ResponseModel, drop_none: tuple[str, ...] = ("usage", "qwick")) -> str:
     exclude = {name for name in drop_none if getattr(model, name, None) is None}
     return f"data: {model.model_dump_json(exclude=exclude)}\n\n"
 
@@ -100,7 +95,7 @@ def _sse_error(err: APIError) -> str:
     return f"data: {err.json()}\n\n"
 
 
-def _clean_logprob(value: float) -> float:
+def clean_logprob(value: float) -> float:
     return value if value > float("-inf") else _NEG_INF_LOGPROB
 
 
@@ -204,7 +199,7 @@ class EngineRun:
             logger.info("%s aborted after %d tokens", self.request_id, sum(self.tokens))
 
 
-async def _merge(runs: list[EngineRun]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merge_runs(runs: list[EngineRun]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Outputs of several runs as they come: (run index, output)."""
     if len(runs) == 1:
         while (out := await runs[0].next()) is not None:
@@ -516,7 +511,7 @@ class OpenAIServing:
                 except ClientDisconnected:
                     logger.info("%s: client disconnected; request aborted", request_id)
                     return Response(status_code=499)
-            merged = _merge(runs)
+            merged = merge_runs(runs)
             try:
                 # Wait for the first output before answering 200, so that errors the engine finds in the
                 # request (or a dead engine) still get a proper status code.
@@ -546,277 +541,6 @@ class OpenAIServing:
             if not handed_over:
                 await cleanup()
 
-    # ---- chat completions ----------------------------------------------------------------------------
-
-    def _check_chat_unsupported(self, req: p.ChatCompletionRequest) -> None:
-        if req.functions or req.function_call not in (None, "none", "auto"):
-            raise bad_request("Function calling is not supported.", param="functions")
-        if req.modalities not in (None, ["text"]):
-            raise bad_request("Only the 'text' modality is supported.", param="modalities")
-        for name in ("audio", "prediction", "reasoning_effort"):
-            if getattr(req, name) is not None:
-                raise bad_request(f"'{name}' is not supported.", param=name)
-        if req.top_logprobs is not None and not req.logprobs:
-            raise bad_request("logprobs must be set to true if top_logprobs is used.", param="top_logprobs")
-        if req.add_generation_prompt and req.continue_final_message:
-            raise bad_request(
-                "add_generation_prompt and continue_final_message cannot both be true.",
-                param="continue_final_message",
-            )
-
-    def conversation(self, messages: list[p.ChatMessage]) -> list[dict[str, Any]]:
-        conv: list[dict[str, Any]] = []
-        for i, msg in enumerate(messages):
-            content = msg.content
-            if isinstance(content, list):
-                parts = []
-                for j, part in enumerate(content):
-                    if part.type != "text" or part.text is None:
-                        raise bad_request(
-                            f"Content parts of type '{part.type}' are not supported; only 'text'.",
-                            param=f"messages[{i}].content[{j}].type",
-                        )
-                    parts.append(part.text)
-                content = "\n".join(parts)
-            if content is None:
-                if msg.role != "assistant":
-                    raise bad_request(
-                        f"Messages with role '{msg.role}' must have content.", param=f"messages[{i}].content"
-                    )
-                content = ""
-            role = "system" if msg.role == "developer" else msg.role
-            entry: dict[str, Any] = {"role": role, "content": content}
-            if msg.name:
-                entry["name"] = msg.name
-            if msg.tool_calls:
-                if msg.role != "assistant":
-                    raise bad_request(
-                        "Only assistant messages can have tool_calls.", param=f"messages[{i}].tool_calls"
-                    )
-                entry["tool_calls"] = [_template_tool_call(call, f"messages[{i}].tool_calls[{j}]")
-                                       for j, call in enumerate(msg.tool_calls)]  # fmt: skip
-            if msg.role == "tool":
-                if not msg.tool_call_id:
-                    raise bad_request(
-                        "Messages with role 'tool' must have a 'tool_call_id' (the call they answer).",
-                        param=f"messages[{i}].tool_call_id",
-                    )
-                entry["tool_call_id"] = msg.tool_call_id
-            conv.append(entry)
-        return conv
-
-    async def chat_prompt_ids(
-        self,
-        messages: list[p.ChatMessage],
-        add_generation_prompt: bool,
-        continue_final_message: bool,
-        template_kwargs: dict[str, Any] | None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        conv = self.conversation(messages)
-        kwargs = dict(template_kwargs or {})
-        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
-        if reserved:
-            raise bad_request(
-                f"chat_template_kwargs cannot set {', '.join(reserved)}.", param="chat_template_kwargs"
-            )
-        if tools:
-            kwargs["tools"] = tools  # OpenAI's tool dicts, which Qwen's templates print as they are
-        tokenizer = self.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            raise bad_request(
-                "This model has no chat template; use /v1/completions with a plain prompt.", param="messages"
-            )
-
-        def render() -> list[int]:
-            ids = tokenizer.apply_chat_template(
-                conv,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                tokenize=True,
-                **kwargs,
-            )
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            return list(ids)
-
-        try:
-            if sum(len(m["content"]) for m in conv) > _LONG_TEXT:
-                return await asyncio.to_thread(render)
-            return render()
-        except APIError:
-            raise
-        except Exception as exc:  # jinja's TemplateError, the template's raise_exception, bad kwargs...
-            raise bad_request(f"Could not apply the chat template: {exc}", param="messages") from None
-
-    async def chat(self, req: p.ChatCompletionRequest, raw: Request, received: float) -> Response:
-        model = self.check_model(req.model)
-        self._check_chat_unsupported(req)
-        plan = plan_tools(req, self.chat_parsers)
-        prompt_ids = await self.chat_prompt_ids(
-            req.messages,
-            req.add_generation_prompt,
-            req.continue_final_message,
-            req.chat_template_kwargs,
-            tools=plan.template_tools,
-        )
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        self.check_context(len(prompt_ids), max_tokens, "messages")
-        top_k = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, max_tokens, top_k)
-        reasoning = self.chat_parsers.reasoning_parser is not None
-        # Qwen3 thinking templates open the think block in the prompt (the output then starts inside it);
-        # enable_thinking=false closes an empty one there (the output has none).
-        think = prompt_think_state(self.tokenizer.decode(prompt_ids[-16:])) if reasoning else None
-        in_reasoning = think == "open"
-        if plan.constrain is not None:
-            mode = "enabled" if think == "open" else "auto" if reasoning and think is None else "disabled"
-            params.structured_outputs = self._tool_call_constraint(req, plan, mode, params.structured_outputs)
-
-        def new_parser() -> ChoiceParser:
-            return ChoiceParser(reasoning, in_reasoning, plan.parse, plan.max_calls, plan.bare_call_names)
-
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        ticket = self.admit(req.n)
-        try:
-            run = EngineRun(self, request_id, prompt_ids, params, req.priority, received)
-        except BaseException:
-            ticket.release()
-            raise
-
-        async def collect() -> Response:
-            accs = [SampleAccumulator() for _ in range(req.n)]
-            while (out := await run.next()) is not None:
-                for c in out.outputs:
-                    accs[c.index].add(c)
-            final = run.final
-            choices = []
-            for i, acc in enumerate(accs):
-                parser = new_parser()
-                parser.feed(acc.full_text)
-                parser.finish()
-                choices.append(
-                    p.ChatChoice(
-                        index=i,
-                        message=parser.message(),
-                        logprobs=self._chat_logprobs(acc.token_ids, acc.logprobs, top_k)
-                        if top_k is not None
-                        else None,
-                        finish_reason=parser.finish_reason(acc.finish_reason),
-                        stop_reason=acc.stop_reason,
-                    )
-                )
-            resp = p.ChatCompletionResponse(
-                id=request_id,
-                created=created,
-                model=model,
-                choices=choices,
-                usage=_usage(len(prompt_ids), sum(run.tokens), final.num_cached_tokens if final else 0),
-                qwick=run.timing,
-            )
-            return _json(resp, request_id)
-
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-
-        async def stream_body(first, merged) -> AsyncIterator[str]:
-            def chunk(choices: list[p.ChatChunkChoice], **extra: Any) -> p.ChatCompletionChunk:
-                return p.ChatCompletionChunk(
-                    id=request_id, created=created, model=model, choices=choices, **extra
-                )
-
-            drop = ("qwick",) if include_usage else ("usage", "qwick")
-            pieces = [
-                _sse(
-                    chunk([p.ChatChunkChoice(index=i, delta=p.DeltaMessage(role="assistant", content=""))]),
-                    drop,
-                )
-                for i in range(req.n)
-            ]
-            parsers = [new_parser() for _ in range(req.n)]
-            item = first
-            while item is not None:
-                _, out = item
-                chunks: list[p.ChatCompletionChunk] = []
-                for c in out.outputs:
-                    lp = None
-                    if top_k is not None and c.logprobs:
-                        lp = self._chat_logprobs(c.token_ids, c.logprobs, top_k)
-                    parser = parsers[c.index]
-                    parsed = parser.feed(c.text)
-                    if c.finish_reason is not None:
-                        parsed.add(parser.finish())
-                    if parsed.content or parsed.reasoning or lp is not None:
-                        delta = p.DeltaMessage(
-                            content=parsed.content if parsed.content or not parsed.reasoning else None,
-                            reasoning_content=parsed.reasoning or None,
-                        )
-                        chunks.append(chunk([p.ChatChunkChoice(index=c.index, delta=delta, logprobs=lp)]))
-                    for call in delta_tool_calls(parsed.tool_calls):
-                        delta = p.DeltaMessage(tool_calls=[call])
-                        chunks.append(chunk([p.ChatChunkChoice(index=c.index, delta=delta)]))
-                    if c.finish_reason is not None:
-                        choice = p.ChatChunkChoice(
-                            index=c.index,
-                            delta=p.DeltaMessage(),
-                            finish_reason=parser.finish_reason(c.finish_reason),
-                            stop_reason=c.stop_reason,
-                        )
-                        chunks.append(chunk([choice]))
-                if continuous:
-                    for ch in chunks:
-                        ch.usage = _usage(len(prompt_ids), sum(run.tokens), out.num_cached_tokens)
-                if out.finished and not include_usage:
-                    if not chunks:
-                        chunks.append(chunk([]))
-                    chunks[-1].qwick = run.timing
-                pieces.extend(_sse(ch, drop) for ch in chunks)
-                if out.finished and include_usage:
-                    usage = _usage(len(prompt_ids), sum(run.tokens), out.num_cached_tokens)
-                    pieces.append(_sse(chunk([], usage=usage, qwick=run.timing), ()))
-                if out.finished:
-                    pieces.append(SSE_DONE)
-                if pieces:
-                    yield "".join(pieces)
-                    pieces = []
-                item = await _anext_or_none(merged)
-            if run.final is None:
-                yield SSE_DONE
-
-        return await self.respond(raw, [run], ticket, req.stream, collect, stream_body, request_id=request_id)
-
-    def _tool_call_constraint(
-        self,
-        req: p.ChatCompletionRequest,
-        plan: ToolPlan,
-        reasoning_mode: str,
-        existing: StructuredOutputsParams | None,
-    ) -> StructuredOutputsParams:
-        """`tool_choice` "required" or a named function: the grammar of Qwen's tool-call blocks (after the
-        think block, when the model reasons: `reasoning_mode` as in `tool_call_grammar`), so the answer is
-        always a call that parses."""
-        if existing is not None:
-            raise bad_request(
-                f"tool_choice {json.dumps(plan.constrain)} cannot be combined with response_format or "
-                "guided_*: both constrain the output.",
-                param="tool_choice",
-            )
-        try:
-            parallel = req.parallel_tool_calls is not False
-            grammar = tool_call_grammar(plan.grammar_tools(), plan.constrain, parallel, reasoning_mode)
-        except ImportError:
-            raise bad_request(
-                f"tool_choice {json.dumps(plan.constrain)} needs the xgrammar package on the server "
-                "(pip install xgrammar); 'auto' works without it.",
-                param="tool_choice",
-            ) from None
-        except ValueError as exc:
-            raise bad_request(f"The tools cannot be turned into a grammar: {exc}", param="tools") from None
-        constraint = StructuredOutputsParams(grammar=grammar)
-        self.check_structured_outputs(constraint, "tools")
-        return constraint
-
     def token_bytes(self, token_id: int, decoded: str | None) -> list[int]:
         cached = self._token_bytes.get(token_id)
         if cached is not None:
@@ -834,277 +558,23 @@ class OpenAIServing:
     def _piece(self, token_id: int, lp: Logprob) -> str:
         return lp.decoded_token if lp.decoded_token is not None else self.tokenizer.decode([token_id])
 
-    def _chat_logprobs(
-        self, token_ids: list[int], entries: list[dict[int, Logprob]] | None, k: int
-    ) -> p.ChoiceLogprobs:
-        content = []
-        for tok, entry in zip(token_ids, entries or []):
-            lp = entry[tok]
-            tops = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:k] if k else []
-            content.append(
-                p.TokenLogprob(
-                    token=self._piece(tok, lp),
-                    logprob=_clean_logprob(lp.logprob),
-                    bytes=self.token_bytes(tok, lp.decoded_token),
-                    top_logprobs=[
-                        p.TopLogprob(
-                            token=self._piece(t, v),
-                            logprob=_clean_logprob(v.logprob),
-                            bytes=self.token_bytes(t, v.decoded_token),
-                        )
-                        for t, v in tops
-                    ],
-                )
-            )
-        return p.ChoiceLogprobs(content=content)
-
-    # ---- completions ---------------------------------------------------------------------------------
-
     async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        if len(text) > _LONG_TEXT:
+        if len(text) > LONG_TEXT:
             return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-    async def completion_prompts(self, req: p.CompletionRequest) -> list[tuple[str | None, list[int]]]:
-        prompt = req.prompt
-        if isinstance(prompt, str):
-            items: list[str | list[int]] = [prompt]
-        elif prompt and isinstance(prompt[0], int):
-            items = [prompt]  # type: ignore[list-item]
-        else:
-            items = list(prompt)  # type: ignore[arg-type]
-        out = []
-        for i, item in enumerate(items):
-            param = "prompt" if len(items) == 1 else f"prompt[{i}]"
-            if isinstance(item, str):
-                if not item:
-                    raise bad_request("The prompt is empty.", param=param)
-                out.append((item, await self._encode(item, req.add_special_tokens)))
-            else:
-                self.check_token_ids(item, param)
-                out.append((None, list(item)))
-        return out
-
-    async def completions(self, req: p.CompletionRequest, raw: Request, received: float) -> Response:
-        model = self.check_model(req.model)
-        if req.suffix:
-            raise bad_request("suffix is not supported.", param="suffix")
-        if req.best_of is not None and req.best_of != req.n:
-            raise bad_request("best_of must equal n (or be left out).", param="best_of")
-        if req.echo and req.logprobs is not None:
-            raise bad_request("echo with logprobs is not supported (no prompt logprobs yet).", param="echo")
-        prompts = await self.completion_prompts(req)
-        for _, ids in prompts:
-            self.check_context(len(ids), req.max_tokens, "prompt")
-        params = self.sampling_params(req, req.max_tokens, req.logprobs)
-        base_id = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        n = req.n
-        ticket = self.admit(n * len(prompts))
-        runs: list[EngineRun] = []
-        try:
-            for i, (_, ids) in enumerate(prompts):
-                rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
-                runs.append(EngineRun(self, rid, ids, params, req.priority, received))
-        except BaseException:
-            for run in runs:
-                await run.close()
-            ticket.release()
-            raise
-        echo_texts = [
-            (text if text is not None else self.tokenizer.decode(ids)) if req.echo else ""
-            for text, ids in prompts
-        ]
-        k = req.logprobs
-
-        def usage() -> p.Usage:
-            cached = sum(r.final.num_cached_tokens for r in runs if r.final is not None)
-            return _usage(sum(len(ids) for _, ids in prompts), sum(sum(r.tokens) for r in runs), cached)
-
-        def timing() -> p.Timing | None:
-            return _combine_timings([r.timing for r in runs])
-
-        async def collect() -> Response:
-            accs = [[SampleAccumulator() for _ in range(n)] for _ in runs]
-            async for i, out in _merge(runs):
-                for c in out.outputs:
-                    accs[i][c.index].add(c)
-            choices = []
-            for i, per_prompt in enumerate(accs):
-                for acc in per_prompt:
-                    lp = None
-                    if k is not None:
-                        lp = self._completion_logprobs(acc.token_ids, acc.logprobs, k, 0)
-                    choices.append(
-                        p.CompletionChoice(
-                            index=len(choices),
-                            text=echo_texts[i] + acc.full_text,
-                            logprobs=lp,
-                            finish_reason=acc.finish_reason,
-                            stop_reason=acc.stop_reason,
-                        )
-                    )
-            resp = p.CompletionResponse(
-                id=base_id, created=created, model=model, choices=choices, usage=usage(), qwick=timing()
-            )
-            return _json(resp, base_id)
-
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-
-        async def stream_body(first, merged) -> AsyncIterator[str]:
-            offsets = [[len(echo_texts[i])] * n for i in range(len(runs))]
-            echoed = [[False] * n for _ in runs]
-            # Finished as far as this stream has written (a run's next output may already be read ahead).
-            finished = [False] * len(runs)
-            drop = ("qwick",) if include_usage else ("usage", "qwick")
-
-            def chunk(choices: list[p.CompletionChoice], **extra: Any) -> p.CompletionResponse:
-                return p.CompletionResponse(
-                    id=base_id, created=created, model=model, choices=choices, **extra
-                )
-
-            item = first
-            pieces: list[str] = []
-            while item is not None:
-                i, out = item
-                chunks = []
-                for c in out.outputs:
-                    index = i * n + c.index
-                    text = c.text
-                    if not echoed[i][c.index]:
-                        echoed[i][c.index] = True
-                        text = echo_texts[i] + text
-                    lp = None
-                    if k is not None and c.logprobs:
-                        lp = self._completion_logprobs(c.token_ids, c.logprobs, k, offsets[i][c.index])
-                        offsets[i][c.index] += sum(len(t) for t in lp.tokens)
-                    if text or lp is not None:
-                        chunks.append(chunk([p.CompletionChoice(index=index, text=text, logprobs=lp)]))
-                    if c.finish_reason is not None:
-                        choice = p.CompletionChoice(
-                            index=index,
-                            text="",
-                            finish_reason=c.finish_reason,
-                            stop_reason=c.stop_reason,
-                        )
-                        chunks.append(chunk([choice]))
-                if continuous:
-                    for ch in chunks:
-                        ch.usage = usage()
-                finished[i] = finished[i] or out.finished
-                done = all(finished)
-                if done and not include_usage:
-                    if not chunks:
-                        chunks.append(chunk([]))
-                    chunks[-1].qwick = timing()
-                pieces.extend(_sse(ch, drop) for ch in chunks)
-                if done and include_usage:
-                    pieces.append(_sse(chunk([], usage=usage(), qwick=timing()), ()))
-                if done:
-                    pieces.append(SSE_DONE)
-                if pieces:
-                    yield "".join(pieces)
-                    pieces = []
-                item = await _anext_or_none(merged)
-            if not all(finished):
-                yield SSE_DONE
-
-        return await self.respond(raw, runs, ticket, req.stream, collect, stream_body, request_id=base_id)
-
-    def _completion_logprobs(
-        self, token_ids: list[int], entries: list[dict[int, Logprob]] | None, k: int, offset: int
-    ) -> p.CompletionLogprobs:
-        out = p.CompletionLogprobs()
-        for tok, entry in zip(token_ids, entries or []):
-            lp = entry[tok]
-            piece = self._piece(tok, lp)
-            out.tokens.append(piece)
-            out.token_logprobs.append(_clean_logprob(lp.logprob))
-            tops = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:k]
-            top = {self._piece(t, v): _clean_logprob(v.logprob) for t, v in tops}
-            top.setdefault(piece, _clean_logprob(lp.logprob))
-            out.top_logprobs.append(top)
-            out.text_offset.append(offset)
-            offset += len(piece)
-        return out
-
-    # ---- /generate -----------------------------------------------------------------------------------
-
-    async def generate(self, req: p.GenerateRequest, raw: Request, received: float) -> Response:
-        sp = req.sampling_params
-        if isinstance(req.prompt, str):
-            if not req.prompt:
-                raise bad_request("The prompt is empty.", param="prompt")
-            prompt_text, prompt_ids = req.prompt, await self._encode(req.prompt, True)
-        else:
-            self.check_token_ids(req.prompt, "prompt")
-            prompt_text, prompt_ids = "", list(req.prompt)
-        self.check_context(len(prompt_ids), sp.max_tokens, "prompt")
-        bias = {int(k): v for k, v in sp.logit_bias.items()} if sp.logit_bias else None
-        if bias and max(bias) >= self.vocab_size:
-            raise bad_request(
-                f"logit_bias has token id {max(bias)}, outside the vocabulary (size {self.vocab_size}).",
-                param="sampling_params.logit_bias",
-            )
-        if sp.stop_token_ids:
-            self.check_token_ids(sp.stop_token_ids, "sampling_params.stop_token_ids")
-        params = self._make_params("sampling_params.", **{**sp.model_dump(), "logit_bias": bias})
-        request_id = f"gen-{uuid.uuid4().hex}"
-        ticket = self.admit(params.n)
-        try:
-            run = EngineRun(self, request_id, prompt_ids, params, req.priority, received)
-        except BaseException:
-            ticket.release()
-            raise
-        accs = [SampleAccumulator() for _ in range(params.n)]
-
-        def result(final: bool) -> dict[str, Any]:
-            body: dict[str, Any] = {"text": [prompt_text + acc.full_text for acc in accs]}
-            if final:
-                body["finish_reason"] = [acc.finish_reason for acc in accs]
-                if run.timing is not None:
-                    body["qwick"] = run.timing.model_dump()
-            return body
-
-        async def collect() -> Response:
-            while (out := await run.next()) is not None:
-                for c in out.outputs:
-                    accs[c.index].add(c)
-            return JSONResponse(result(True), headers={"X-Request-Id": request_id})
-
-        async def stream_body(first, merged) -> AsyncIterator[str]:
-            item = first
-            while item is not None:
-                _, out = item
-                for c in out.outputs:
-                    accs[c.index].add(c)
-                yield json.dumps(result(out.finished), ensure_ascii=False) + "\n"
-                item = await _anext_or_none(merged)
-
-        return await self.respond(
-            raw,
-            [run],
-            ticket,
-            req.stream,
-            collect,
-            stream_body,
-            media_type="application/x-ndjson",
-            request_id=request_id,
-        )
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
 
 
-async def _anext_or_none(it: AsyncIterator[Any]) -> Any:
+async def anext_or_none(it: AsyncIterator[Any]) -> Any:
     try:
         return await it.__anext__()
     except StopAsyncIteration:
         return None
 
 
-def _usage(prompt_tokens: int, completion_tokens: int, cached: int) -> p.Usage:
+def make_usage(prompt_tokens: int, completion_tokens: int, cached: int) -> p.Usage:
     return p.Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
@@ -1113,7 +583,7 @@ def _usage(prompt_tokens: int, completion_tokens: int, cached: int) -> p.Usage:
     )
 
 
-def _json(model: p.ResponseModel, request_id: str) -> Response:
+def json_response(model: p.ResponseModel, request_id: str) -> Response:
     exclude = {"qwick"} if getattr(model, "qwick", None) is None else None
     return Response(
         model.model_dump_json(exclude=exclude),
@@ -1154,38 +624,3 @@ def make_timing(
         completion_tokens=completion_tokens,
         cached_tokens=out.num_cached_tokens,
     )
-
-
-def _combine_timings(timings: list[p.Timing | None]) -> p.Timing | None:
-    """Several prompts in one completions request: the slowest one's breakdown, the tokens of all."""
-    done = [t for t in timings if t is not None]
-    if len(done) < len(timings) or not done:
-        return None
-    if len(done) == 1:
-        return done[0]
-    slowest = max(done, key=lambda t: t.e2e_ms or 0.0)
-    return slowest.model_copy(
-        update={
-            "prompt_tokens": sum(t.prompt_tokens for t in done),
-            "completion_tokens": sum(t.completion_tokens for t in done),
-            "cached_tokens": sum(t.cached_tokens for t in done),
-        }
-    )
-
-
-def _template_tool_call(call: p.ToolCallParam, param: str) -> dict[str, Any]:
-    """An assistant's earlier call as chat templates take it: Qwen's prints `arguments | tojson`, so the
-    JSON text OpenAI clients send is parsed back into an object (as vLLM does)."""
-    args: Any = call.function.arguments
-    where = param + ".function.arguments"
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            args = None
-    if not isinstance(args, dict):
-        raise bad_request("The arguments of a tool call must be (JSON text of) an object.", param=where)
-    entry: dict[str, Any] = {"type": "function", "function": {"name": call.function.name, "arguments": args}}
-    if call.id is not None:
-        entry["id"] = call.id
-    return entry
