@@ -502,7 +502,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     T="bench throughput --shape qwen2.5-14b --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 1 \
       --quantization int4"
-    for n in 32 64; do
+    for n in ${NS:-32 64}; do  # NS="64": one level per call if a call runs short of time
       run t${n}_14b_int4 $CLI $T --num-prompts $n --output-json "$OUT/t${n}_14b_int4.json"
       run t${n}_14b_int4_old python -c "$OLD14" $T --num-prompts $n --output-json "$OUT/t${n}_14b_int4_old.json"
     done
