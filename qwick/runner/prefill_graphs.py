@@ -98,14 +98,18 @@ class PrefillGraphRunner:
         max_rows: int = 1,
     ) -> None:
         self.model = model
-        self.backend = backend
-        self.dtype = dtype  # the activations' (the prefill kernel's launch shape depends on it)
         self.device = device
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_rows = max_rows
         self.buckets = prefill_buckets(min(max_tokens, max_model_len))
         self.width = (max_model_len + block_size - 1) // block_size
+        # The prefill kernel's query-tile height per bucket (its launch shape for p-query rows), which a
+        # several-row step's uploaded tiles follow; looked up on every replay, so worked out once here.
+        self._tile_rows: dict[int, int] = {}
+        if max_rows > 1:
+            head_dim, itemsize = model.attention_layers()[0].head_dim, dtype.itemsize
+            self._tile_rows = {p: backend.prefill_tile_rows(head_dim, itemsize, p) for p in self.buckets}
         size = max((self._size(p) for p in self.buckets), default=0)
         self.packed = torch.zeros(size, dtype=torch.int32, device=device)
         self.host = torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda")
@@ -122,9 +126,8 @@ class PrefillGraphRunner:
         return next((b for b in self.buckets if b >= n), None)
 
     def tile_rows(self, p: int) -> int:
-        """The prefill kernel's query-tile height at bucket `p` (its launch shape for p-query rows)."""
-        head_dim = self.model.attention_layers()[0].head_dim
-        return self.backend.prefill_tile_rows(head_dim, self.dtype.itemsize, p)
+        """The prefill kernel's query-tile height at bucket `p` (several-row graphs only)."""
+        return self._tile_rows[p]
 
     def _num_tiles(self, p: int) -> int:
         """Query tiles a step of up to `max_rows` rows and p tokens can need (none stored with one row:
