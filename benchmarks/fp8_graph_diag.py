@@ -1,6 +1,6 @@
 """Which graph path makes fp8-cache graph serving differ from eager: run the fp8 graph test as it is
-(`base`), or with one of the fused decode write, the fused write into fp8 caches alone, the 4-row prefill
-graphs or the mixed-step split turned off (`nofuse`, `nofp8fuse`, `rows1`, `nosplit`)."""
+(`base`), or with one of the fused decode write, the 4-row prefill graphs or the mixed-step split turned off
+(`nofuse`, `rows1`, `nosplit`)."""
 
 import sys
 
@@ -11,9 +11,7 @@ import qwick.runner.prefill_graphs as G
 from qwick.runner.model_runner import ModelRunner
 
 what = sys.argv[1]
-if what == "nofp8fuse":
-    T.FUSE_FP8_DECODE_WRITE = False
-elif what == "nofuse":
+if what == "nofuse":
     T.FUSE_DECODE_WRITE = False
 elif what == "rows1":
     G.PREFILL_GRAPH_ROWS = 1

@@ -67,7 +67,7 @@
 #   bash benchmarks/gpu_session.sh graphrows  # prefill graphs of up to 4 rows (a prompt beside decoders)
 #   bash benchmarks/gpu_session.sh graphrows4  # with 4 rows the default: tests, batch 1 with 4 and 1 rows
 #   bash benchmarks/gpu_session.sh roundto   # rotary products rounded in PTX: exactness tests, fp8 graphs
-#                                            # (fused fp8 write on, the default since the 20th session, and off)
+#                                            # (the fused decode write on, the default, and off)
 #   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
@@ -539,15 +539,15 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     ;;
   roundto)  # the rotary products rounded in PTX (`round_to`, the nineteenth session): the rope and fused
     # write tests now demand PyTorch's / the separate write's bits; the fp8-cache graph test as it is and
-    # with the fused write into fp8 caches off; batch 1 (bf16, int4; fp8 weights with an fp8 cache, its
+    # with the fused decode write off; batch 1 (bf16, int4; fp8 weights with an fp8 cache, its
     # fused write on and off)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_elementwise.py -k rope 2>&1 | tail -8
     python -m pytest -q -m gpu -p no:cacheprovider tests/layers/test_triton_attention.py \
       -k "writes_the_new_keys or rope_fused or fused_by_default" 2>&1 | tail -8
-    for w in base nofp8fuse; do python benchmarks/fp8_graph_diag.py $w 2>&1 | grep -E "exit|Error|assert"; done
+    for w in base nofuse; do python benchmarks/fp8_graph_diag.py $w 2>&1 | grep -E "exit|Error|assert"; done
     run b1_none $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/b1_none.json"
     run b1_int4 $LAT --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/b1_int4.json"
-    FP8SEP="import sys; import qwick.layers.attention.triton_backend as T; T.FUSE_FP8_DECODE_WRITE = False; \
+    FP8SEP="import sys; import qwick.layers.attention.triton_backend as T; T.FUSE_DECODE_WRITE = False; \
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run b1_fp8kv $LAT --shape qwen2.5-7b $SHORT --quantization fp8 --kv-cache-dtype fp8 \
       --output-json "$OUT/b1_fp8kv.json"

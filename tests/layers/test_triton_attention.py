@@ -604,12 +604,12 @@ def test_decode_kernel_writes_the_new_keys_itself(heads, kv_heads, head_dim, spl
     tri = _backend(bs, device, fixed_num_splits=splits)
     outs, caches = [], []
     for fused in (True, False):
-        tri.fuse_decode_write = tri.fuse_fp8_decode_write = fused
+        tri.fuse_decode_write = fused
         x = qkv.clone()
         q, k, v = (t.view(len(rows), -1, head_dim) for t in x.split(sizes, dim=-1))
         md = tri.build_metadata(rows)
         md.slot_mapping[-1] = -1  # a CUDA graph's padding row
-        assert tri.fuses_decode_write(q, k, v, rope, md, cache.dtype) == fused
+        assert tri.fuses_decode_write(q, k, v, rope, md) == fused
         c = cache.clone()
         outs.append(tri.forward(q, k, v, c, md, **kw))
         caches.append(c)
@@ -630,8 +630,8 @@ def test_decode_kernel_writes_the_new_keys_itself(heads, kv_heads, head_dim, spl
 
 @pytest.mark.interpret
 def test_decode_write_is_fused_by_default_and_never_in_mixed_steps():
-    """The defaults: a pure decode step writes inside the decode kernel, into a bf16 cache and an fp8 one
-    alike, a mixed step through the separate write; with `fuse_fp8_decode_write` off, fp8 caches don't."""
+    """The default: a pure decode step writes inside the decode kernel (into any cache), a mixed step
+    through the separate write."""
     from qwick.layers.attention.triton_backend import TritonAttentionBackend
     from qwick.layers.rotary import RopeStep
 
@@ -642,10 +642,6 @@ def test_decode_write_is_fused_by_default_and_never_in_mixed_steps():
     tables = torch.zeros(64, 64, device=device)
     rope = RopeStep(torch.tensor([5, 20], device=device), tables, tables)
     md = tri.build_metadata(rows)
-    assert tri.fuses_decode_write(q, k, v, rope, md, torch.bfloat16)
-    assert tri.fuses_decode_write(q, k, v, rope, md, FP8_KV_DTYPE)
-    tri.fuse_fp8_decode_write = False
-    assert not tri.fuses_decode_write(q, k, v, rope, md, FP8_KV_DTYPE)
-    assert tri.fuses_decode_write(q, k, v, rope, md, torch.bfloat16)
+    assert tri.fuses_decode_write(q, k, v, rope, md)
     mixed, _ = _make_rows([(5, 1), (20, 3)], 16, random.Random(0))
-    assert not tri.fuses_decode_write(q, k, v, rope, tri.build_metadata(mixed), torch.bfloat16)
+    assert not tri.fuses_decode_write(q, k, v, rope, tri.build_metadata(mixed))

@@ -56,14 +56,10 @@ LONG_PREFILL_QUERIES = 4096
 # Pure decode steps rotate q and write the new key and value inside the decode kernel (`FUSED_WRITE`), not
 # in `rope_kv_write_kernel` before it: one launch per layer fewer again. H200, qwen2.5-7b shapes, batch-1
 # decode with it / without (`gpu_session.sh decodewrite`): bf16 238.0 / 235.1, int4 470.5 / 459.5, fp8
-# weights 360.4 / 354.6 tok/s (all with a bf16 cache).
+# weights 360.4 / 354.6 tok/s (all with a bf16 cache); fp8 weights with an fp8 cache 358.5 / 354.3 in one
+# machine's processes, 354.0 and 353.3 with it on another (twentieth session). Its fp8 cache codes are the
+# separate write's since `round_to` keeps both kernels' rotary products rounded as PyTorch rounds them.
 FUSE_DECODE_WRITE = True
-# The same into an fp8 cache. Off until the twentieth session: its cache codes had differed from the
-# separate write's by an e4m3 step, because the two kernels contracted different rotary products into bf16
-# FMAs; `round_to` now rounds them as PyTorch does, and the exactness tests and the fp8-cache graph test pass
-# on the H200. Batch 1, fp8 weights and fp8 cache, with it / without: 358.5 / 354.3 tok/s in one machine's
-# processes, 354.0 and 353.3 with it on another: no loss, a gain inside process-to-process noise.
-FUSE_FP8_DECODE_WRITE = True
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
@@ -142,7 +138,6 @@ class TritonAttentionBackend(AttentionBackend):
         self.longest_first = LONGEST_FIRST
         self.fuse_rope = FUSE_ROPE
         self.fuse_decode_write = FUSE_DECODE_WRITE
-        self.fuse_fp8_decode_write = FUSE_FP8_DECODE_WRITE
         self.long_prefill_queries = LONG_PREFILL_QUERIES
 
     # ---- tuning --------------------------------------------------------------------------------------
@@ -362,26 +357,19 @@ class TritonAttentionBackend(AttentionBackend):
         """The base class's (`scales`: its scale, sliding_window, k_scale, v_scale); a pure decode step with
         `fuse_decode_write` on writes its keys and values inside the decode kernel (`FUSED_WRITE`)
         instead of a launch of its own."""
-        fuse = rope is not None and self.fuses_decode_write(q, k, v, rope, metadata, kv_cache.dtype)
+        fuse = rope is not None and self.fuses_decode_write(q, k, v, rope, metadata)
         if output_rows is None and fuse:
             return self.attend(q, kv_cache, metadata, new_kv=(k, v, rope), **scales)
         return super().forward(q, k, v, kv_cache, metadata, rope=rope, output_rows=output_rows, **scales)
 
     def fuses_decode_write(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        rope: RopeStep,
-        md: AttentionMetadata,
-        cache_dtype: torch.dtype,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeStep, md: AttentionMetadata
     ) -> bool:
-        """Whether the decode kernel writes this step's keys and values: `fuse_decode_write` on (and
-        `fuse_fp8_decode_write` for an fp8 cache), every row one decode token, and what `write_kv_rope`
-        would take (a head_dim of 16 or more, so that the kernel's padded head is the head)."""
+        """Whether the decode kernel writes this step's keys and values: `fuse_decode_write` on, every row
+        one decode token, and what `write_kv_rope` would take (a head_dim of 16 or more, so that the
+        kernel's padded head is the head)."""
         return (
             self.fuse_decode_write
-            and (self.fuse_fp8_decode_write or not is_fp8_kv(cache_dtype))
             and md.num_tokens == md.num_rows
             and q.shape[2] >= 16
             and self.fuses_rope(q, k, v, rope)
