@@ -350,15 +350,20 @@ class OpenAIServing:
                 code="invalid_value",
             )
 
-    def sampling_params(
-        self, req: p.SamplingFields, max_tokens: int | None, logprobs: int | None
-    ) -> SamplingParams:
-        bias = {int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None
+    def logit_bias(self, raw: dict | None, param: str) -> dict[int, float] | None:
+        """A request's logit_bias with int token ids, each inside the vocabulary (else 400)."""
+        bias = {int(k): v for k, v in raw.items()} if raw else None
         if bias and max(bias) >= self.vocab_size:
             raise bad_request(
                 f"logit_bias has token id {max(bias)}, outside the vocabulary (size {self.vocab_size}).",
-                param="logit_bias",
+                param=param,
             )
+        return bias
+
+    def sampling_params(
+        self, req: p.SamplingFields, max_tokens: int | None, logprobs: int | None
+    ) -> SamplingParams:
+        bias = self.logit_bias(req.logit_bias, "logit_bias")
         if req.stop_token_ids:
             self.check_token_ids(req.stop_token_ids, "stop_token_ids")
         return self._make_params(

@@ -212,12 +212,7 @@ class CompletionServing(OpenAIServing):
             self.check_token_ids(req.prompt, "prompt")
             prompt_text, prompt_ids = "", list(req.prompt)
         self.check_context(len(prompt_ids), sp.max_tokens, "prompt")
-        bias = {int(k): v for k, v in sp.logit_bias.items()} if sp.logit_bias else None
-        if bias and max(bias) >= self.vocab_size:
-            raise bad_request(
-                f"logit_bias has token id {max(bias)}, outside the vocabulary (size {self.vocab_size}).",
-                param="sampling_params.logit_bias",
-            )
+        bias = self.logit_bias(sp.logit_bias, "sampling_params.logit_bias")
         if sp.stop_token_ids:
             self.check_token_ids(sp.stop_token_ids, "sampling_params.stop_token_ids")
         params = self._make_params("sampling_params.", **{**sp.model_dump(), "logit_bias": bias})

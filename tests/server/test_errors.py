@@ -174,6 +174,9 @@ CASES = [
     Case("generate: unknown sampling param", GEN, {"prompt": "x", "sampling_params": {"temprature": 1}}, 400,
          "sampling_params.temprature", "Unrecognized"),
     Case("generate: prompt wrong type", GEN, {"prompt": {"a": 1}}, 400, "prompt"),
+    Case("generate: logit_bias out of vocab", GEN,
+         {"prompt": "x", "sampling_params": {"logit_bias": {"100000": 5}}}, 400, "sampling_params.logit_bias",
+         "vocabulary"),
     Case("detokenize: out of vocab", "/detokenize", {"tokens": [1, -4]}, 400, "tokens"),
     Case("tokenize: nothing to tokenize", "/tokenize", {}, 400, "prompt", "exactly one"),
 ]  # fmt: skip
