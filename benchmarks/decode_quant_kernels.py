@@ -46,7 +46,7 @@ def main() -> None:
             us = graph_us(lambda q=grouped: silu_and_mul(h, q))
             print(f"{'silu_and_mul + ' + name + f' codes per {group} columns':44s} {us:6.2f}")
         for block, warps in ((4096, 16), (2048, 8), (8192, 16), (8192, 32), (16384, 32), (32768, 32)):
-            us = graph_us(lambda q=quant, b=block, nw=warps: silu_and_mul_quant(h, q, b, nw, b >= INTER))
+            us = graph_us(lambda q=quant, b=block, nw=warps: silu_and_mul_quant(h, q, b, nw))
             print(f"{'silu_and_mul + ' + name + f' codes, {block} x {warps} warps':44s} {us:6.2f}")
 
 

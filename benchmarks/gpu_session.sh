@@ -64,8 +64,6 @@
 #   bash benchmarks/gpu_session.sh int4_14b  # the tiled int4 kernel's shapes on qwen2.5-14b's layers
 #   bash benchmarks/gpu_session.sh int4_14b_e2e  # the launch shapes 14b's sweep added: tests, the sweep,
 #                                            # 32 / 64 concurrent 14b int4 requests with them and without
-#   bash benchmarks/gpu_session.sh codesonly  # W8A8 inputs as codes alone, one-pass SiLU codes: tests,
-#                                            # kernel timings, fp8 workload 3 with them and without
 #   bash benchmarks/gpu_session.sh graphrows  # prefill graphs of up to 4 rows (a prompt beside decoders)
 #   bash benchmarks/gpu_session.sh graphrows4  # with 4 rows the default: tests, batch 1 with 4 and 1 rows
 #   bash benchmarks/gpu_session.sh roundto   # rotary products rounded in PTX: exactness tests, fp8 graphs
@@ -509,25 +507,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       run t${n}_14b_int4 $CLI $T --num-prompts $n --output-json "$OUT/t${n}_14b_int4.json"
       run t${n}_14b_int4_old python -c "$OLD14" $T --num-prompts $n --output-json "$OUT/t${n}_14b_int4_old.json"
     done
-    ;;
-  codesonly)  # W8A8 inputs as codes alone (`W8A8LinearMethod.codes_only_inputs`) and SiLU-and-mul's codes
-    # from the row in registers (`SILU_QUANT_ONE_PASS_MAX`): the GPU tests they touch, the kernel timings,
-    # then workload 3 in fp8 with both and without (ABAB, one process each) beside bf16, and fp8 batch 1
-    timeout 240 python -m pytest -q -m gpu -p no:cacheprovider -x tests/kernels/test_elementwise.py \
-      tests/kernels/test_w8a8_kernels.py tests/quantization/test_w8a8_layer.py \
-      tests/quantization/test_w8a8_gpu.py 2>&1 | tail -4
-    python benchmarks/small_kernels.py silu norm 2>&1 | grep -v -i warn
-    OLDQ="import sys; import qwick.quantization.w8a8 as Q, qwick.kernels.elementwise as E; \
-Q.W8A8LinearMethod.codes_only_inputs = False; E.SILU_QUANT_ONE_PASS_MAX = 0; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    T3="bench throughput --shape qwen2.5-7b --max-model-len 4096 --num-prompts 256 --input-len-range 100 1024 \
-      --output-len-range 100 1024 --num-iters 1"
-    run w3_bf16 $CLI $T3 --output-json "$OUT/w3_bf16.json"
-    for i in 1 2; do
-      run w3_fp8_new$i $CLI $T3 --quantization fp8 --output-json "$OUT/w3_fp8_new$i.json"
-      run w3_fp8_old$i python -c "$OLDQ" $T3 --quantization fp8 --output-json "$OUT/w3_fp8_old$i.json"
-    done
-    run b1_fp8 $LAT --shape qwen2.5-7b $SHORT --quantization fp8 --output-json "$OUT/b1_fp8.json"
     ;;
   graphrows)  # prefill graphs of up to 4 rows (`PREFILL_GRAPH_ROWS`, 4 by default): a new prompt beside a
     # few decode rows in one replay. Its GPU tests (and the one-row ones again), then the TTFT of prompts

@@ -52,7 +52,6 @@ def _rms_norm_kernel(
     IS_INT: tl.constexpr,
     PAIRS: tl.constexpr,
     INV_DIV: tl.constexpr,
-    STORE_OUT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -67,9 +66,8 @@ def _rms_norm_kernel(
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = (w * normed).to(x.dtype)
-    if STORE_OUT:
-        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    y = (w * normed).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
     if QUANT:  # the row's codes and scale, as `quantize_rows` would make them from `out`
         _store_codes(y, q_ptr + row * stride_q + cols, s_ptr + row, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
     if PAIRS:
@@ -107,19 +105,12 @@ def _store_codes(
     tl.store(q_ptrs, codes_of(yf, scale, QMAX, IS_INT).to(q_ptrs.dtype.element_ty), mask=mask)
 
 
-def _row_outputs(
-    x: torch.Tensor, n: int, quant: RowQuant | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-    """The output [rows, n] in x's dtype, the codes [rows, n] and scales [rows, 1] (or [rows, ceil(n /
-    group)]) of `quant` (dummies without it), and the kernels' quantization meta-parameters, STORE_OUT
-    included. A `codes_only` quant leaves the output unwritten: it is a meta tensor then, and the kernels
-    get the codes as a stand-in pointer (`_out_arg`)."""
-    rows = x.shape[0]
-    store_out = quant is None or not quant.codes_only
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device if store_out else "meta")
+def _row_codes(x: torch.Tensor, quant: RowQuant | None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Buffers for the codes [rows, N] and scales [rows, 1] (or [rows, ceil(N / group)]) of `quant`
+    (dummies without it), and the kernels' quantization meta-parameters."""
+    rows, n = x.shape
     if quant is None:
-        meta = {"QMAX": 0.0, "INV_QMAX": 0.0, "MIN_AMAX": 0.0, "IS_INT": False, "STORE_OUT": True}
-        return out, out, out, meta
+        return x, x, {"QMAX": 0.0, "INV_QMAX": 0.0, "MIN_AMAX": 0.0, "IS_INT": False}
     codes = torch.empty((rows, n), dtype=quant.dtype, device=x.device)
     groups = 1 if quant.group is None else triton.cdiv(n, quant.group)
     scales = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
@@ -128,14 +119,8 @@ def _row_outputs(
         "INV_QMAX": inv_qmax(quant.qmax),
         "MIN_AMAX": quant.min_amax,
         "IS_INT": not quant.dtype.is_floating_point,
-        "STORE_OUT": store_out,
     }
-    return out, codes, scales, meta
-
-
-def _out_arg(out: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """The output as a kernel argument: the codes' buffer stands in for an unwritten (meta) output."""
-    return codes if out.device.type == "meta" else out
+    return codes, scales, meta
 
 
 def rms_norm(
@@ -164,9 +149,9 @@ def rms_norm(
         out = rms_norm(x, weight, eps, residual, num_warps=num_warps)
         codes, scales = quantize_rows(out, quant.dtype, quant.qmax, quant.min_amax, quant.group)
         return QuantizedRows(out, codes, scales, quant.group)
-    out, codes, scales, meta = _row_outputs(x, n, quant)
-    out_arg = _out_arg(out, codes)
-    pairs, pair_meta = _pairs_buffer(out_arg, half_pairs)
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    codes, scales, meta = _row_codes(out, quant)
+    pairs, pair_meta = _pairs_buffer(out, half_pairs)
     if rows > 0:
         block = triton.next_power_of_2(n)
         res = residual if residual is not None else x
@@ -174,7 +159,7 @@ def rms_norm(
             x,
             res,
             weight,
-            out_arg,
+            out,
             codes,
             scales,
             pairs,
@@ -366,12 +351,6 @@ def _silu_and_mul_kernel(
         _store_half_pairs(y, p_ptr + row * stride_p, tl.program_id(1) * (BLOCK // 8), N // 8, INV_DIV, BLOCK)
 
 
-# SiLU-and-mul with per-row codes holds a whole row in registers up to this many columns (rounded up to a
-# power of two): one read of the input and no read-back of the output to quantize it. Wider rows take
-# two passes over BLOCK-wide steps.
-SILU_QUANT_ONE_PASS_MAX = 32768
-
-
 @triton.jit
 def _silu_and_mul_quant_kernel(
     x_ptr,
@@ -386,45 +365,29 @@ def _silu_and_mul_quant_kernel(
     INV_QMAX: tl.constexpr,
     MIN_AMAX: tl.constexpr,
     IS_INT: tl.constexpr,
-    STORE_OUT: tl.constexpr,
-    ONE_PASS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """One program per row: silu(gate) * up as `_silu_and_mul_kernel` computes it, then the row's codes
-    and scale from the rounded output. ONE_PASS (BLOCK >= N): the row stays in registers. Otherwise two
-    passes of BLOCK-wide steps: the row's absmax, then the codes, from the output read back where this
-    program wrote it, or recomputed from the input where the output is not stored (STORE_OUT false)."""
+    and scale from the rounded output (read back from where this program just wrote it). Launched with
+    4096-wide steps and 16 warps: at 7b's 18944 columns that is 1.6x faster than 1024 and 4 warps at 256
+    rows (17.6 vs 27.4 us), 1.2x at 8192 (benchmarks/small_kernels.py)."""
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    if ONE_PASS:
-        cols = tl.arange(0, BLOCK)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
         mask = cols < N
-        y = _silu_mul(x_row, cols, mask, N)  # 0 where masked: silu(0) * 0
-        if STORE_OUT:
-            tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
-        _store_codes(y, q_ptr + row * stride_q + cols, s_ptr + row, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
-    else:
-        amax = tl.zeros((BLOCK,), dtype=tl.float32)
-        for start in range(0, N, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            mask = cols < N
-            y = _silu_mul(x_row, cols, mask, N)
-            if STORE_OUT:
-                tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
-            amax = tl.maximum(amax, tl.abs(y.to(tl.float32)))
-        scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX
-        tl.store(s_ptr + row, scale)
-        if STORE_OUT:
-            tl.debug_barrier()  # the row's outputs, written by all of this program's threads, visible to all
-        for start in range(0, N, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            mask = cols < N
-            if STORE_OUT:
-                y = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=0.0)
-            else:
-                y = _silu_mul(x_row, cols, mask, N)
-            codes = codes_of(y.to(tl.float32), scale, QMAX, IS_INT)
-            tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
+        y = _silu_mul(x_ptr + row * stride_x, cols, mask, N)
+        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+        amax = tl.maximum(amax, tl.abs(y.to(tl.float32)))
+    scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX
+    tl.store(s_ptr + row, scale)
+    tl.debug_barrier()  # the row's outputs, written by all of this program's threads, are visible to all
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        y = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=0.0).to(tl.float32)
+        codes = codes_of(y, scale, QMAX, IS_INT)
+        tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -442,7 +405,6 @@ def _silu_and_mul_group_quant_kernel(
     INV_QMAX: tl.constexpr,
     MIN_AMAX: tl.constexpr,
     IS_INT: tl.constexpr,
-    STORE_OUT: tl.constexpr,
     GROUP: tl.constexpr,
 ):
     """One program per row and group of GROUP columns: silu(gate) * up, the group's scale from the rounded
@@ -453,55 +415,32 @@ def _silu_and_mul_group_quant_kernel(
     cols = g * GROUP + tl.arange(0, GROUP)
     mask = cols < N
     y = _silu_mul(x_ptr + row * stride_x, cols, mask, N)  # 0 where masked: silu(0) * 0
-    if STORE_OUT:
-        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
     q_ptrs = q_ptr + row * stride_q + cols
     _store_codes(y, q_ptrs, s_ptr + row * stride_s + g, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
 
 
-def silu_quant_launch(n: int, one_pass: bool | None = None) -> tuple[int, int, bool]:
-    """(block, num_warps, one_pass) of per-row SiLU-and-mul codes over n columns. One pass (the default
-    up to `SILU_QUANT_ONE_PASS_MAX`): the whole row in one block on up to 32 warps (at most 32 values a
-    thread). Two passes: 4096-wide steps on 16 warps (at 7b's 18944 columns 1.6x faster than 1024 and 4
-    warps at 256 rows, 17.6 against 27.4 us, and 1.2x at 8192 rows; benchmarks/small_kernels.py)."""
-    whole = triton.next_power_of_2(n)
-    if one_pass is None:
-        one_pass = whole <= SILU_QUANT_ONE_PASS_MAX
-    if one_pass:
-        return whole, max(min(whole // 1024, 32), 4), True
-    return 4096, 16, False
-
-
 def silu_and_mul_quant(
-    x: torch.Tensor,
-    quant: RowQuant,
-    block: int | None = None,
-    num_warps: int | None = None,
-    one_pass: bool | None = None,
+    x: torch.Tensor, quant: RowQuant, block: int = 4096, num_warps: int = 16
 ) -> QuantizedRows:
-    """`silu_and_mul` with the output's per-row codes and scales. `block`, `num_warps` and `one_pass` set
-    the launch shape (default `silu_quant_launch`; `benchmarks/small_kernels.py` sweeps them). With
-    `quant.group`, per-group scales from a kernel with one program per row and group (the launch shape is
-    the group). A `codes_only` quant leaves the output unwritten (a meta tensor)."""
+    """`silu_and_mul` with the output's per-row codes and scales; `block` and `num_warps` are the launch
+    shape (the defaults measured best, `benchmarks/small_kernels.py` sweeps them). With `quant.group`,
+    per-group scales from a kernel with one program per row and group (the launch shape is the group)."""
     rows, n = x.shape[0], x.shape[1] // 2
-    out, codes, scales, meta = _row_outputs(x, n, quant)
-    out_arg = _out_arg(out, codes)
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    codes, scales, meta = _row_codes(out, quant)
     if rows > 0 and quant.group is not None:
         group = quant.group
         if group & (group - 1):
             raise ValueError(f"SiLU-and-mul writes codes in groups of a power of two, not {group}")
         _silu_and_mul_group_quant_kernel[(rows, triton.cdiv(n, group))](
-            x, out_arg, codes, scales, x.stride(0), out.stride(0), codes.stride(0), scales.stride(0), n,
+            x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), scales.stride(0), n,
             GROUP=group, num_warps=max(min(group // 256, 8), 1), **meta,
         )  # fmt: skip
     elif rows > 0:
-        d_block, d_warps, one_pass = silu_quant_launch(n, one_pass)
-        block = block or d_block
-        if one_pass and block < n:
-            raise ValueError(f"one pass needs the whole row ({n} columns) in one block, not {block}")
         _silu_and_mul_quant_kernel[(rows,)](
-            x, out_arg, codes, scales, x.stride(0), out.stride(0), codes.stride(0), n, ONE_PASS=one_pass,
-            BLOCK=block, num_warps=num_warps or d_warps, **meta,
+            x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), n, BLOCK=block,
+            num_warps=num_warps, **meta,
         )  # fmt: skip
     return QuantizedRows(out, codes, scales, quant.group)
 

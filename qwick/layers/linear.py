@@ -22,34 +22,23 @@ class RowQuant:
     kernel that produces the input (RMSNorm, SiLU-and-mul) can write the codes in the same pass.
 
     `group`: one scale per `group` columns of a row instead (the absmax of those columns), so that a
-    kernel with several programs per row needs no row-wide reduction.
-
-    `codes_only`: the consumer reads nothing but the codes and scales, so the producing kernel may leave the
-    input itself unwritten (`QuantizedRows.x` is then a meta tensor of its shape and dtype): at 256 rows
-    of a 7b model that is 9.7 MB of SiLU-and-mul output and 1.8 MB of RMSNorm output a layer not written."""
+    kernel with several programs per row needs no row-wide reduction."""
 
     dtype: torch.dtype
     qmax: float
     min_amax: float
     group: int | None = None
-    codes_only: bool = False
 
 
 @dataclass
 class QuantizedRows:
     """An input x [M, K] with its codes [M, K] and fp32 scales [M, 1] (or [M, ceil(K / group)]) under the
-    consuming layer's `RowQuant`: bit for bit what the layer would compute from x itself. Where the
-    `RowQuant` was `codes_only`, x may be a meta tensor (`written` is False): its shape and dtype only."""
+    consuming layer's `RowQuant`: bit for bit what the layer would compute from x itself."""
 
     x: torch.Tensor
     codes: torch.Tensor
     scales: torch.Tensor
     group: int | None = None  # the `RowQuant.group` the codes were made with
-
-    @property
-    def written(self) -> bool:
-        """Whether x holds the input's values (not only its shape and dtype)."""
-        return self.x.device.type != "meta"
 
 
 @dataclass(frozen=True)

@@ -163,11 +163,6 @@ class W8A8LinearMethod(LinearMethod):
     # 28 adds of 105 us each in an 8,192-token fp8 prefill step on the H200). Turned off for every layer
     # the first time the installed torch refuses it (`_scaled_mm_bf16`): one warning, not one per layer.
     scaled_mm_bias = True
-    # Every path that takes activation codes (`_apply_cuda`) reads only them, so the RMSNorm and SiLU-and-mul
-    # kernels that make them are asked not to write the activations too (`RowQuant.codes_only`): at 256
-    # rows of a 7b model 9.7 MB of SiLU-and-mul output and 1.8 MB of RMSNorm output a layer. False keeps
-    # them written (read only by tests that quantize them again).
-    codes_only_inputs = True
     workspace = None
 
     def __init__(
@@ -188,8 +183,7 @@ class W8A8LinearMethod(LinearMethod):
         self.block = tuple(block) if block is not None else None
         self.scale_name = scale_name
         self.quantize_activations = quantize_activations
-        # per-token activation codes, when quantized
-        self.row_quant = RowQuant(qdtype, _QMAX[qdtype], _MIN_AMAX, codes_only=self.codes_only_inputs)
+        self.row_quant = RowQuant(qdtype, _QMAX[qdtype], _MIN_AMAX)  # per-token activations, when quantized
 
     def describe(self) -> str:
         kind = "fp8" if self.qdtype == FP8_DTYPE else "int8"
@@ -362,12 +356,10 @@ class W8A8LinearMethod(LinearMethod):
             group = self.decode_group
             if group < 256 or group & (group - 1):  # SiLU-and-mul's groups; the GEMV's tiles divide them
                 raise ValueError(f"decode_group must be a power of two of at least 256 (or 0), not {group}")
-            return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group, self.codes_only_inputs)
+            return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
         return self.row_quant
 
     def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
-        if not x.written:  # codes made for this layer's `input_quant`, which only `_apply_cuda` reads
-            return self._apply_cuda(layer, x.x, (x.codes, x.scales), x.group)
         if x.x.dim() != 2 or not self._per_token_cuda(layer, x.x):
             return self.apply(layer, x.x)
         if x.group is not None and not self._skinny(x.x):  # group scales: only the skinny GEMM takes them
@@ -446,7 +438,7 @@ class W8A8LinearMethod(LinearMethod):
             if x.dtype == torch.float32:
                 # Row-wise scaling writes bf16 only, and that rounding flips fp8 activation codes in later
                 # layers: in fp32, take the unscaled fp32 sums (tensor-wise scales of 1) and scale after.
-                one = torch.ones((), dtype=torch.float32, device=xq.device)
+                one = torch.ones((), dtype=torch.float32, device=x.device)
                 acc = torch._scaled_mm(
                     xq,
                     layer.weight.t(),

@@ -135,16 +135,16 @@ def test_gpu_decode_long_inputs_take_group_scaled_codes(mode, monkeypatch):
     layer = _layer(mode, n, k, device)
     method = layer.method
     quant = layer.input_quant(torch.zeros(4, k, device=device, dtype=torch.bfloat16))
-    group = method.decode_group
-    assert quant == RowQuant(method.qdtype, qmax(method.qdtype), _MIN_AMAX, group, codes_only=True)
+    assert quant == RowQuant(method.qdtype, qmax(method.qdtype), _MIN_AMAX, method.decode_group)
     h = torch.randn(4, 2 * k, device=device, generator=torch.Generator(device=device).manual_seed(9))
     rows = silu_and_mul(h.to(torch.bfloat16), quant)
     y = layer(rows)
-    x_deq = rows.codes.double() * rows.scales.double().repeat_interleave(group, dim=1)[:, :k]
+    g = method.decode_group
+    x_deq = rows.codes.double() * rows.scales.double().repeat_interleave(g, dim=1)[:, :k]
     ref = x_deq @ method.dense_weight(layer).double().T + layer.bias.double()
     assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
     monkeypatch.setattr(W8A8LinearMethod, "decode_group", 0)  # W8A16 for long inputs: no codes asked for
-    assert layer.input_quant(h[:, :k].to(torch.bfloat16)) is None
+    assert layer.input_quant(rows.x) is None
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])

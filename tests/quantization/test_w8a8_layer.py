@@ -272,11 +272,7 @@ def test_mid_m_fp8_gemm_takes_only_long_k_at_17_to_128_rows():
 @pytest.mark.parametrize("qdtype", QDTYPES)
 def test_codes_from_the_producing_kernel_are_used_as_given(qdtype):
     """Codes a norm or SiLU kernel wrote (`QuantizedRows`) replace the layer's own quantization: the same
-    output when they are the same codes, a different one when they are not (so they are really read).
-    Codes that came without their input (a codes-only `RowQuant`: x a meta tensor) give the same output
-    through the layer."""
-    from qwick.layers.linear import QuantizedRows
-
+    output when they are the same codes, a different one when they are not (so they are really read)."""
     method = W8A8LinearMethod(qdtype, checkpoint=False)
     layer = _layer(method, 288, 320, bias=True, dtype=torch.bfloat16)
     x = (torch.randn(40, 320, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16)
@@ -287,8 +283,6 @@ def test_codes_from_the_producing_kernel_are_used_as_given(qdtype):
     codes, scales = quantize_per_token(x, qdtype)
     assert torch.equal(method._apply_cuda(layer, x, (codes, scales)), own)
     assert not torch.equal(method._apply_cuda(layer, x, (codes, scales * 2)), own)
-    unwritten = QuantizedRows(torch.empty(x.shape, dtype=x.dtype, device="meta"), codes, scales)
-    assert not unwritten.written and torch.equal(layer(unwritten), own)
 
 
 def test_quantized_rows_on_the_cpu_take_the_plain_path():
@@ -320,15 +314,14 @@ def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
     layer = _layer(method, 288, 320, bias=False, dtype=torch.bfloat16).cuda()
     method.workspace = shared_workspace(torch.device("cuda"))  # what loading on the GPU sets up
     rows = lambda m, dtype=torch.bfloat16: torch.zeros(m, 320, dtype=dtype, device="cuda")  # noqa: E731
-    per_token = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, codes_only=True)  # codes are all it reads
-    assert layer.input_quant(rows(16)) == per_token
+    assert layer.input_quant(rows(16)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
     long_k = W8A8LinearMethod(qdtype, checkpoint=False)  # a down projection: group scales at decode sizes
     long_layer = _layer(long_k, 64, 12288, bias=False, dtype=torch.bfloat16).cuda()
     long_k.workspace = method.workspace
     long_rows = lambda m: torch.zeros(m, 12288, dtype=torch.bfloat16, device="cuda")  # noqa: E731
-    grouped = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, long_k.decode_group, codes_only=True)
+    grouped = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, long_k.decode_group)
     assert long_layer.input_quant(long_rows(16)) == grouped
-    assert long_layer.input_quant(long_rows(17)) == per_token
+    assert long_layer.input_quant(long_rows(17)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
     long_k.decode_group = 300  # SiLU-and-mul's groups are powers of two the GEMV's tiles divide
     with pytest.raises(ValueError, match="decode_group"):
         long_layer.input_quant(long_rows(16))
@@ -336,7 +329,7 @@ def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
     assert long_layer.input_quant(long_rows(16)) is None
     method.decode_w8a8 = False
     assert layer.input_quant(rows(16)) is None
-    assert layer.input_quant(rows(17)) == per_token
-    assert layer.input_quant(rows(1, torch.float32)) == per_token
+    assert layer.input_quant(rows(17)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
+    assert layer.input_quant(rows(1, torch.float32)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
     weight_only = W8A8LinearMethod(qdtype, checkpoint=False, quantize_activations=False)
     assert _layer(weight_only, 288, 320, bias=False).cuda().input_quant(rows(40)) is None
