@@ -64,6 +64,8 @@
 #   bash benchmarks/gpu_session.sh int4_14b  # the tiled int4 kernel's shapes on qwen2.5-14b's layers
 #   bash benchmarks/gpu_session.sh int4_14b_e2e  # the launch shapes 14b's sweep added: tests, the sweep,
 #                                            # 32 / 64 concurrent 14b int4 requests with them and without
+#   bash benchmarks/gpu_session.sh rowquant  # launch shapes of the kernels writing fp8 codes above 16 rows,
+#                                            # fp8 workload 3 with the fastest and without
 #   bash benchmarks/gpu_session.sh graphrows  # prefill graphs of up to 4 rows (a prompt beside decoders)
 #   bash benchmarks/gpu_session.sh graphrows4  # with 4 rows the default: tests, batch 1 with 4 and 1 rows
 #   bash benchmarks/gpu_session.sh roundto   # rotary products rounded in PTX: exactness tests, fp8 graphs
@@ -506,6 +508,17 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for n in ${NS:-32 64}; do  # NS="64": one level per call if a call runs short of time
       run t${n}_14b_int4 $CLI $T --num-prompts $n --output-json "$OUT/t${n}_14b_int4.json"
       run t${n}_14b_int4_old python -c "$OLD14" $T --num-prompts $n --output-json "$OUT/t${n}_14b_int4_old.json"
+    done
+    ;;
+  rowquant)  # launch shapes of the kernels writing fp8 codes at 17-8192 rows (benchmarks/row_quant_launch.py),
+    # then workload 3 in fp8 with the fastest at 256 rows patched in above 16 rows and without (ABAB)
+    timeout 150 python benchmarks/row_quant_launch.py --json "$OUT/rowquant.json" 2>&1 | grep -v -i warn
+    T3="bench throughput --shape qwen2.5-7b --max-model-len 4096 --num-prompts 256 --input-len-range 100 1024 \
+      --output-len-range 100 1024 --num-iters 1 --quantization fp8"
+    for i in 1 2; do
+      run w3_fp8_default$i $CLI $T3 --output-json "$OUT/w3_fp8_default$i.json"
+      run w3_fp8_tuned$i python benchmarks/row_quant_launch.py --apply "$OUT/rowquant.json" -- $T3 \
+        --output-json "$OUT/w3_fp8_tuned$i.json"
     done
     ;;
   graphrows)  # prefill graphs of up to 4 rows (`PREFILL_GRAPH_ROWS`, 4 by default): a new prompt beside a

@@ -173,7 +173,7 @@ def rms_norm(
             HAS_RESIDUAL=residual is not None,
             QUANT=quant is not None,
             BLOCK=block,
-            num_warps=num_warps or _norm_warps(block, quant is not None and rows <= 16),
+            num_warps=num_warps or _norm_warps(block, rows, quant is not None),
             **meta,
             **pair_meta,
         )
@@ -193,9 +193,9 @@ def _pairs_buffer(out: torch.Tensor, half_pairs: HalfPairs | None) -> tuple[torc
     return pairs, {"PAIRS": True, "INV_DIV": 1.0 / half_pairs.x_div}
 
 
-def _norm_warps(block: int, few_rows_with_codes: bool) -> int:
+def _norm_warps(block: int, rows: int, codes: bool) -> int:
     """Warps per row of RMSNorm: `block / 256` up to 8; `block / 128` up to 32 for a few rows with codes."""
-    if few_rows_with_codes:
+    if codes and rows <= 16:
         return max(min(block // 128, 32), 1)
     return max(min(block // 256, 8), 1)
 

@@ -177,9 +177,16 @@ def inv_qmax(qmax: float) -> float:
 
 
 def quantize_rows(
-    x: torch.Tensor, qdtype: torch.dtype, qmax: float, min_amax: float, group: int | None = None
+    x: torch.Tensor,
+    qdtype: torch.dtype,
+    qmax: float,
+    min_amax: float,
+    group: int | None = None,
+    block: int | None = None,
+    num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> codes [M, K] and fp32 scales [M, 1] (per token) or [M, ceil(K / group)]."""
+    """x [M, K] -> codes [M, K] and fp32 scales [M, 1] (per token) or [M, ceil(K / group)]. `block` and
+    `num_warps` set the launch shape (default: steps of up to 1024 columns on 4 warps)."""
     m, k = x.shape
     assert x.stride(1) == 1
     groups = 1 if group is None else triton.cdiv(k, group)
@@ -200,7 +207,8 @@ def quantize_rows(
         INV_QMAX=inv_qmax(qmax),
         MIN_AMAX=min_amax,
         IS_INT=qdtype == torch.int8,
-        BLOCK=min(1024, triton.next_power_of_2(k if group is None else group)),
+        BLOCK=block or min(1024, triton.next_power_of_2(k if group is None else group)),
+        num_warps=num_warps,
     )
     return q, s
 
