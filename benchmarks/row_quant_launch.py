@@ -3,7 +3,8 @@ the row counts of mid-size decode batches and prompt chunks (qwen2.5-7b sizes): 
 codes (its warps), SiLU-and-mul with codes (block, warps) and the stand-alone row quantization before the
 output projection (block, warps). In a workload-3 fp8 decode step at 256 rows they took 0.32, 0.36 and
 0.14 ms of ~8 ms, against 0.16 and 0.19 ms for the plain RMSNorm and SiLU-and-mul of a bf16 step. Each
-variant runs 200 times in one CUDA graph, timed by its replays (`qwick.bench.gpu_timing`).
+variant runs 200 times in one CUDA graph, timed by its replays (`qwick.bench.gpu_timing`); the current
+default is starred (the launch shapes of the twenty-first session of 12-02 came from this sweep).
 
     python benchmarks/row_quant_launch.py [--rows 64 256 ...] [--json best.json]
 
@@ -56,10 +57,11 @@ def sweep(rows: int) -> dict:
                             E._norm_warps(4096, rows, True))}  # fmt: skip
     plain = us(lambda: E.silu_and_mul(h))
     times = {sh: us(lambda sh=sh: E.silu_and_mul_quant(h, quant, *sh)) for sh in SILU_SHAPES}
-    found["silu"] = report(f"{rows:5d} rows  silu (plain {plain:.2f}), with codes", times, SILU_SHAPES[0])
+    silu_default = (4096, 32 if rows <= 256 else 16)
+    found["silu"] = report(f"{rows:5d} rows  silu (plain {plain:.2f}), with codes", times, silu_default)
     quantize = lambda sh: W.quantize_rows(x, quant.dtype, quant.qmax, quant.min_amax, None, *sh)  # noqa: E731
     times = {sh: us(lambda sh=sh: quantize(sh)) for sh in QUANT_SHAPES}
-    found["quant"] = report(f"{rows:5d} rows  quantize_rows", times, QUANT_SHAPES[0])
+    found["quant"] = report(f"{rows:5d} rows  quantize_rows", times, (1024, 8))
     return found
 
 
@@ -72,7 +74,7 @@ def apply(path: str) -> None:
     E._norm_warps = lambda b, rows, codes: norm_warps if codes and rows > 16 else old_norm(b, rows, codes)
     old_silu = E.silu_and_mul_quant
 
-    def silu(x, quant, block=4096, num_warps=16):
+    def silu(x, quant, block=4096, num_warps=None):
         if quant.group is None and x.shape[0] > 16:
             block, num_warps = silu_block, silu_warps
         return old_silu(x, quant, block, num_warps)
@@ -80,7 +82,7 @@ def apply(path: str) -> None:
     E.silu_and_mul_quant = silu
     old_quant = W.quantize_rows
 
-    def quantize(x, qdtype, qmax_, min_amax, group=None, block=None, num_warps=4):
+    def quantize(x, qdtype, qmax_, min_amax, group=None, block=None, num_warps=None):
         if group is None and x.shape[0] > 16:
             block, num_warps = q_block, q_warps
         return old_quant(x, qdtype, qmax_, min_amax, group, block, num_warps)

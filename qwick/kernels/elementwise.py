@@ -194,9 +194,12 @@ def _pairs_buffer(out: torch.Tensor, half_pairs: HalfPairs | None) -> tuple[torc
 
 
 def _norm_warps(block: int, rows: int, codes: bool) -> int:
-    """Warps per row of RMSNorm: `block / 256` up to 8; `block / 128` up to 32 for a few rows with codes."""
-    if codes and rows <= 16:
-        return max(min(block // 128, 32), 1)
+    """Warps per row of RMSNorm: `block / 256` up to 8; with codes, `block / 128` up to 32 for at most 256
+    rows (the row's two reductions are latency there) and `block / 256` up to 16 beyond. With codes at
+    3584 columns on the H200 (benchmarks/row_quant_launch.py, us in a CUDA graph): 2.9 / 4.1 us at 64 / 256
+    rows on 32 warps against 4.6 / 5.3 on 8, 21.4 / 74.5 us at 2048 / 8192 rows on 16 against 24.4 / 80.2."""
+    if codes:
+        return max(min(block // 128, 32), 1) if rows <= 256 else max(min(block // 256, 16), 1)
     return max(min(block // 256, 8), 1)
 
 
@@ -421,11 +424,13 @@ def _silu_and_mul_group_quant_kernel(
 
 
 def silu_and_mul_quant(
-    x: torch.Tensor, quant: RowQuant, block: int = 4096, num_warps: int = 16
+    x: torch.Tensor, quant: RowQuant, block: int = 4096, num_warps: int | None = None
 ) -> QuantizedRows:
     """`silu_and_mul` with the output's per-row codes and scales; `block` and `num_warps` are the launch
-    shape (the defaults measured best, `benchmarks/small_kernels.py` sweeps them). With `quant.group`,
-    per-group scales from a kernel with one program per row and group (the launch shape is the group)."""
+    shape: 4096-wide steps on 32 warps up to 256 rows, 16 beyond (at 7b's 18944 columns on the H200, 6.2 /
+    10.4 us at 64 / 256 rows against 7.1 / 10.9 on 16 warps; 82.9 us at 2048 rows on 16 against 91.3;
+    benchmarks/row_quant_launch.py). With `quant.group`, per-group scales from a kernel with one program
+    per row and group (the launch shape is the group)."""
     rows, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     codes, scales, meta = _row_codes(out, quant)
@@ -440,7 +445,7 @@ def silu_and_mul_quant(
     elif rows > 0:
         _silu_and_mul_quant_kernel[(rows,)](
             x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), n, BLOCK=block,
-            num_warps=num_warps, **meta,
+            num_warps=num_warps or (32 if rows <= 256 else 16), **meta,
         )  # fmt: skip
     return QuantizedRows(out, codes, scales, quant.group)
 
