@@ -66,6 +66,8 @@
 #                                            # 32 / 64 concurrent 14b int4 requests with them and without
 #   bash benchmarks/gpu_session.sh rowquant  # launch shapes of the kernels writing fp8 codes above 16 rows,
 #                                            # fp8 workload 3 with the fastest and without
+#   bash benchmarks/gpu_session.sh rowquant_e2e  # with those as defaults: tests, the sweep at 64 / 256
+#                                            # rows, workload 3 bf16 and fp8 (twice)
 #   bash benchmarks/gpu_session.sh graphrows  # prefill graphs of up to 4 rows (a prompt beside decoders)
 #   bash benchmarks/gpu_session.sh graphrows4  # with 4 rows the default: tests, batch 1 with 4 and 1 rows
 #   bash benchmarks/gpu_session.sh roundto   # rotary products rounded in PTX: exactness tests, fp8 graphs
@@ -520,6 +522,16 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       run w3_fp8_tuned$i python benchmarks/row_quant_launch.py --apply "$OUT/rowquant.json" -- $T3 \
         --output-json "$OUT/w3_fp8_tuned$i.json"
     done
+    ;;
+  rowquant_e2e)  # after the rowquant picks became the defaults: the GPU tests of the kernels they launch, the
+    # sweep again at 64 and 256 rows (its starred defaults should be the fastest), workload 3 in bf16 and
+    # fp8 in one call (the fp8 ratio)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_elementwise.py \
+      tests/kernels/test_w8a8_kernels.py tests/quantization/test_w8a8_gpu.py 2>&1 | tail -3
+    python benchmarks/row_quant_launch.py --rows 64 256 2>&1 | grep -v -i warn
+    run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
+    run tput_fp8 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
+    run tput_fp8b $TPUT --quantization fp8 --output-json "$OUT/tput_fp8b.json"
     ;;
   graphrows)  # prefill graphs of up to 4 rows (`PREFILL_GRAPH_ROWS`, 4 by default): a new prompt beside a
     # few decode rows in one replay. Its GPU tests (and the one-row ones again), then the TTFT of prompts
