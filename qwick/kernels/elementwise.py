@@ -135,10 +135,10 @@ def rms_norm(
     With `quant`, also the output's per-row codes and scales (`QuantizedRows`), in the same pass.
 
     x: [rows, N] with unit stride along N (row stride free); residual: [rows, N], updated in place.
-    `num_warps` overrides the launch's: one program per row, `N / 256` warps up to 8; with `quant` at
-    decode sizes (<= 16 rows), `N / 128` up to 32: the row's two reductions are latency then, and at one
-    3584-wide row on the H200 the launch takes 2.8-3.0 us with 32 warps against 4.4-4.7 with 8 (plain:
-    1.45 us; benchmarks/decode_quant_kernels.py, in a CUDA graph).
+    `num_warps` overrides the launch's (`_norm_warps`): one program per row, `N / 256` warps up to 8;
+    with `quant`, `N / 128` up to 32 for at most 256 rows, where the row's two reductions are latency (at
+    one 3584-wide row on the H200 2.8-3.0 us with 32 warps against 4.4-4.7 with 8, plain 1.45 us;
+    benchmarks/decode_quant_kernels.py, in a CUDA graph), and `N / 256` up to 16 beyond.
     """
     rows, n = x.shape
     half_pairs = quant if isinstance(quant, HalfPairs) else None
@@ -423,6 +423,11 @@ def _silu_and_mul_group_quant_kernel(
     _store_codes(y, q_ptrs, s_ptr + row * stride_s + g, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
 
 
+def silu_quant_warps(rows: int) -> int:
+    """Warps per row of SiLU-and-mul with per-row codes (4096-wide steps): 32 up to 256 rows, 16 beyond."""
+    return 32 if rows <= 256 else 16
+
+
 def silu_and_mul_quant(
     x: torch.Tensor, quant: RowQuant, block: int = 4096, num_warps: int | None = None
 ) -> QuantizedRows:
@@ -445,7 +450,7 @@ def silu_and_mul_quant(
     elif rows > 0:
         _silu_and_mul_quant_kernel[(rows,)](
             x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), n, BLOCK=block,
-            num_warps=num_warps or (32 if rows <= 256 else 16), **meta,
+            num_warps=num_warps or silu_quant_warps(rows), **meta,
         )  # fmt: skip
     return QuantizedRows(out, codes, scales, quant.group)
 
