@@ -3,6 +3,10 @@ against qwick's split-K Triton GEMM (`rowwise_fp8_mm`), its default launch shape
 Both take the same fp8 codes; the per-token quantization of x is not timed. `do_bench` medians, L2 flushed.
 
     python benchmarks/fp8_mid_m_sweep.py [7b|14b] [layer ...]
+    MS=128,192,256 WIDE=1 python benchmarks/fp8_mid_m_sweep.py 7b down
+
+`MS` picks the row counts; `WIDE=1` sweeps other launch shapes instead (128-row tiles, 256-wide output
+tiles, splits of 6), each with the fp32 promotion every 128 products of K as well as every 32.
 """
 
 import functools
@@ -25,11 +29,23 @@ SHAPES = {
     "14b": {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (27648, 5120), "down": (5120, 13824)},
 }
 CONFIGS = [
-    RowwiseConfig(bm, bn, bk, split, 4 if bm == 64 else 8, stages)
+    RowwiseConfig(bm, bn, bk, split, 4 if bm == 64 else 8, stages, 32)
     for (bm, bn, bk), split, stages in itertools.product(
         ((64, 128, 128), (64, 128, 256), (64, 64, 256), (128, 128, 128), (128, 64, 128)), (1, 2, 4, 8), (3, 4)
     )
 ]
+WIDE_CONFIGS = [
+    RowwiseConfig(bm, bn, bk, split, 4 if bm * bn <= 64 * 128 else 8, stages, promote)
+    for (bm, bn, bk), split, stages, promote in itertools.product(
+        ((64, 64, 256), (64, 128, 128), (128, 128, 128), (128, 64, 128), (128, 256, 128), (128, 128, 256)),
+        (1, 2, 4, 6),
+        (3, 4),
+        (32, 128),
+    )
+]
+if os.environ.get("WIDE") == "1":
+    CONFIGS = WIDE_CONFIGS
+ROWS = [int(m) for m in os.environ.get("MS", "17,32,64,128,256").split(",")]
 bench = functools.partial(do_bench, warmup=10, rep=40)
 
 
@@ -57,7 +73,7 @@ def sweep(name: str, n: int, k: int, m: int, w: torch.Tensor, wscale: torch.Tens
     assert (ours(*args).float() - ref).norm() / ref.norm() < 1e-2, (name, m)
     t_cublas = bench(functools.partial(cublas, *args, k <= FAST_ACCUM_MAX_K))
     t_ours = bench(functools.partial(ours, *args))
-    best, best_cfg = float("inf"), None
+    best, best_cfg, timed = float("inf"), None, []
     for cfg in CONFIGS:
         tiles_m = -(-m // cfg.block_m)
         if not ws.fits(cfg.split_k, tiles_m * cfg.block_m, n, tiles_m * -(-n // cfg.block_n)):
@@ -67,9 +83,14 @@ def sweep(name: str, n: int, k: int, m: int, w: torch.Tensor, wscale: torch.Tens
         except Exception as e:  # e.g. out of shared memory for this shape
             print(f"  skip {cfg}: {type(e).__name__}", flush=True)
             continue
+        timed.append((t, cfg))
         if t < best:
             best, best_cfg = t, cfg
     d = rowwise_config(m, n, k, ws)
+    if os.environ.get("WIDE") == "1":  # the runners-up, and each one's error against exact accumulation
+        for t, cfg in sorted(timed, key=lambda tc: tc[0])[:6]:
+            err = (ours(*args, cfg).float() - ref).norm() / ref.norm()
+            print(f"    {t * 1e3:7.1f} us  rel err {err:.1e}  {cfg}", flush=True)
     print(
         f"{name:8} {m:4d} {t_cublas * 1e3:10.1f} {t_ours * 1e3:8.1f} {best * 1e3:8.1f}  {best_cfg} "
         f"(default {d.block_m}x{d.block_n}x{d.block_k} split {d.split_k})",
@@ -85,5 +106,5 @@ for name, (n, k) in SHAPES[model].items():
     if name not in layers:
         continue
     w, wscale = codes(n, k)
-    for m in (17, 32, 64, 128, 256):
+    for m in ROWS:
         sweep(name, n, k, m, w, wscale)

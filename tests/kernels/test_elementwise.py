@@ -111,16 +111,17 @@ def _norm_plain_and_fused(x, weight, res, quant):
 @pytest.mark.parametrize("qdtype", QUANT_DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", ["norm", "norm+residual", "silu"])
-@pytest.mark.parametrize("rows", [5, 20])
+@pytest.mark.parametrize("rows", [5, 20] if INTERPRET else [5, 20, 300])
 def test_fused_row_quantization(op, dtype, qdtype, rows):
     """RMSNorm and SiLU-and-mul that also write their output's per-token codes: the same output as without,
     and codes and scales bit-identical to quantizing that output with the torch oracle (an all-zero row,
-    and rows spanning several of the SiLU kernel's column blocks, included). At <= 16 rows the RMSNorm
-    with codes runs more warps per row, whose sum of squares may round differently in its last bit: there
-    the output agrees with the plain one to one rounding step. So it does in float32 at 20 rows too (seen
-    on the H200 with the same launch shape for both; the compiled variants differ, the cause is not
-    established); the codes are always those of the output they come with."""
-    from qwick.kernels.elementwise import silu_and_mul
+    and rows spanning several of the SiLU kernel's column blocks, included). Up to 256 rows the RMSNorm
+    with codes runs more warps per row than the plain one, whose sum of squares may round differently in
+    its last bit: there the output agrees with the plain one to one rounding step (fp16 at 20 rows differs,
+    seen on the H200). So it does in float32 beyond, with the same launch shape for both (seen on the H200;
+    the compiled variants differ, the cause is not established); the codes are always those of the output
+    they come with."""
+    from qwick.kernels.elementwise import _norm_warps, silu_and_mul
     from qwick.layers.linear import QuantizedRows, RowQuant
     from qwick.quantization.w8a8 import _MIN_AMAX, qmax, quantize_per_token
 
@@ -141,7 +142,8 @@ def test_fused_row_quantization(op, dtype, qdtype, rows):
             x[1] = 0.0
         plain, fused = _norm_plain_and_fused(x, weight, res, quant)
     assert isinstance(fused, QuantizedRows)
-    if op == "silu" or (rows > 16 and dtype != torch.float32):
+    same_norm_launch = _norm_warps(1024, rows, codes=True) == _norm_warps(1024, rows, codes=False)
+    if op == "silu" or (same_norm_launch and dtype != torch.float32):
         assert torch.equal(fused.x, plain)
     else:
         torch.testing.assert_close(fused.x, plain, atol=_ulp(dtype), rtol=_ulp(dtype))
