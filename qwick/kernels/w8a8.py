@@ -261,7 +261,8 @@ def _rowwise_fp8_mm_kernel(
         # Hopper's fp8 tensor cores accumulate below fp32 precision: promote into the fp32 accumulator every
         # PROMOTE_K products of K. 0 (promote always) would also be exact, but Triton then gives up wgmma and
         # upcasts to fp16 mma.sync (seen in the sm_90 PTX), which defeats the point of this kernel. 128 agrees
-        # with cuBLAS's exact accumulation to 2e-5 (32: 7e-4, its bf16 rounding) and runs 6-12% faster.
+        # with cuBLAS's exact accumulation to 2e-5 (32: 7e-4, its bf16 rounding), and was as fast or faster
+        # on 7b's down projection: 31.1 / 33.1 / 42.5 us at 17 / 64 / 128 rows against 35.5 / 33.0 / 43.9.
         acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=PROMOTE_K)
     xs = tl.load(xs_ptr + rows, mask=m_ok, other=0.0)
     wscale = tl.load(wscale_ptr + rn, mask=n_ok, other=0.0)
@@ -300,17 +301,21 @@ class RowwiseConfig:
 
 
 def rowwise_config(m: int, n: int, k: int, workspace: GemvWorkspace) -> RowwiseConfig:
-    """64 x 64 output tiles over K in 256-wide steps, K split 4 ways up to 64 rows and 2 ways beyond, as far
-    as the shared split-K workspace holds the partials: the best of 40 launch shapes on the H200 at
-    qwen2.5-7b's down projection for M = 32 and 64 (`benchmarks/fp8_mid_m_sweep.py`; its "ours" column
-    times this pick at every M)."""
-    block_m, block_n, block_k = 64, 64, 256
+    """Up to 64 rows, 64 x 64 output tiles over K in 256-wide steps, three stages; beyond, 128 x 64 tiles
+    over K in 128-wide steps, four stages. K split 4 ways, as far as the shared split-K workspace holds
+    the partials. The best of 40-112 launch shapes on the H200 at qwen2.5-7b's down projection for M = 32
+    and 64, and at M = 128 (41.0 and 41.1 us in two sweeps, against 42.5-45.5 for the small tiles split
+    2 ways; `benchmarks/fp8_mid_m_sweep.py`, `WIDE=1` for the latter; its "ours" column times this pick)."""
+    if m <= 64:
+        block_m, block_n, block_k, stages = 64, 64, 256, 3
+    else:
+        block_m, block_n, block_k, stages = 128, 64, 128, 4
     tiles_m = triton.cdiv(m, block_m)
     tiles = tiles_m * triton.cdiv(n, block_n)
-    split = 4 if m <= 64 else 2
+    split = 4
     while not workspace.fits(split, tiles_m * block_m, n, tiles):
         split //= 2
-    return RowwiseConfig(block_m, block_n, block_k, split, 4, 3)
+    return RowwiseConfig(block_m, block_n, block_k, split, 4, stages)
 
 
 def rowwise_fp8_mm(
