@@ -133,6 +133,7 @@ def race_sample(
     temperature: torch.Tensor | None,
     base_seed: int,
     row_seeds: list[int] | None = None,
+    programs_per_sm: int = 8,
 ) -> torch.Tensor:
     """Sample one token per row of `logits` [B, V] from softmax(logits / temperature) in one pass.
 
@@ -141,8 +142,10 @@ def race_sample(
     the softmax nor the noise tensor is materialized. Row i's noise is Philox keyed by `row_seeds[i]`, or
     by `base_seed + i` without them, at the vocabulary index: the same uniforms `seeded_uniform_` draws
     for that key. Keep `base_seed` in [2^32, 2^62) so that the kernel's argument is always int64 (one
-    compiled variant). `temperature` [B] fp32 (None: 1). Long rows are split over several programs so that
-    a small batch still fills the GPU; the chunks' winners are reduced here. Returns int64 [B].
+    compiled variant). `temperature` [B] fp32 (None: 1). Rows are split over several programs, about
+    `programs_per_sm` per SM in all: the race is bound by Philox's chain of dependent multiplies and the
+    logarithms, whose latency only other resident warps hide (with one program per row, 256 rows gave each
+    SM 8 warps). The chunks' winners are reduced here. Returns int64 [B].
     """
     b, vocab = logits.shape
     assert logits.stride(1) == 1
@@ -152,7 +155,7 @@ def race_sample(
     blocks = triton.cdiv(vocab, block)
     props = torch.cuda.get_device_properties(logits.device) if logits.is_cuda else None
     num_sms = props.multi_processor_count if props is not None else 4
-    parts = max(1, min(blocks, triton.cdiv(2 * num_sms, b)))
+    parts = max(1, min(blocks, triton.cdiv(programs_per_sm * num_sms, b)))
     chunk = triton.cdiv(blocks, parts) * block
     parts = triton.cdiv(vocab, chunk)
     best_val = torch.empty((b, parts), dtype=torch.float32, device=logits.device)

@@ -51,7 +51,8 @@ def _race_reference(logits: torch.Tensor, temperature: torch.Tensor | None, seed
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_race_sample_picks_the_races_winner(batch, dtype):
     """One pass in log space gives the token of the softmax / noise race, with each row keyed by
-    base + row, also when a row is split over many programs (batch 1) or a program walks many blocks."""
+    base + row, also when a row is split over many programs (batch 1) or a program walks many blocks
+    (a whole row in one program included)."""
     from qwick.kernels.sampling import race_sample
 
     dev = triton_device()
@@ -69,6 +70,9 @@ def test_race_sample_picks_the_races_winner(batch, dtype):
         assert torch.equal(got, _race_reference(logits, temp, seeds))
     # Explicit per-row keys select the same draws as the implicit ones.
     assert torch.equal(race_sample(logits, temperature, 5, seeds), race_sample(logits, temperature, base))
+    # Fewer programs (one per row at 300 rows: the single-chunk path), the same winners.
+    got = race_sample(logits, temperature, base, programs_per_sm=1)
+    assert torch.equal(got, _race_reference(logits, temperature, seeds))
 
 
 @pytest.mark.interpret
