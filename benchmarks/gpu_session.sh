@@ -68,9 +68,9 @@
 #                                            # fp8 workload 3 with the fastest and without
 #   bash benchmarks/gpu_session.sh rowquant_e2e  # with those as defaults: tests, the sweep at 64 / 256
 #                                            # rows, workload 3 bf16 and fp8 (twice)
-#   bash benchmarks/gpu_session.sh race_e2e  # the sampling race on 8 programs per SM (was 2): its GPU tests,
-#                                            # the sweep by programs per SM, workload 3 fp8 with 8, 2, 8
-#                                            # and bf16, and the fp8 down projection at 136-160 rows
+#   bash benchmarks/gpu_session.sh next22    # the sampling race on 8 programs per SM (was 2) and SiLU's
+#                                            # codes from registers: GPU tests, both sweeps, workload 3
+#                                            # fp8 new / old / new and bf16, fp8 down at 136-160 rows
 #   bash benchmarks/gpu_session.sh graphrows  # prefill graphs of up to 4 rows (a prompt beside decoders)
 #   bash benchmarks/gpu_session.sh graphrows4  # with 4 rows the default: tests, batch 1 with 4 and 1 rows
 #   bash benchmarks/gpu_session.sh roundto   # rotary products rounded in PTX: exactness tests, fp8 graphs
@@ -536,22 +536,26 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run tput_fp8 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
     run tput_fp8b $TPUT --quantization fp8 --output-json "$OUT/tput_fp8b.json"
     ;;
-  race_e2e)  # the sampling race spread over ~8 programs per SM (`race_sample(programs_per_sm=8)`, was 2):
-    # its GPU tests, the sweep by programs per SM at 1-256 rows, workload 3 in fp8 with 8, 2, 8 (one
-    # process each) and bf16 once (the ratio), then the split-K fp8 GEMM against cuBLAS on the down
-    # projection just above 128 rows (where `rowwise_max_m` could go)
+  next22)  # the twenty-second session's two unrun changes: the sampling race spread over ~8 programs per SM
+    # (`race_sample(programs_per_sm=8)`, was 2) and SiLU-and-mul's codes from the row kept in registers
+    # (`silu_and_mul_quant(in_registers=None)`, was read back). Their GPU tests; the race by programs per
+    # SM at 1-256 rows; the code kernels' sweep at 64 / 256 / 2048 rows (SiLU "r" against "m"); workload 3
+    # in fp8 new, old (both patched back), new (one process each) and bf16 once; then, if time is left,
+    # the split-K fp8 GEMM against cuBLAS on the down projection just above 128 rows
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_sampling.py tests/runner/test_sampler.py \
-      2>&1 | tail -2
+      tests/kernels/test_elementwise.py 2>&1 | tail -2
     python benchmarks/small_kernels.py race 2>&1 | grep -v -i warn
-    RACE2="import sys; import qwick.kernels.sampling as S; f = S.race_sample; \
-S.race_sample = lambda *a, **k: f(*a, **{**k, 'programs_per_sm': 2}); \
+    python benchmarks/row_quant_launch.py --rows 64 256 2048 2>&1 | grep -v -i warn | grep "silu\|{"
+    OLD="import sys; import qwick.kernels.sampling as S; import qwick.kernels.elementwise as E; \
+f = S.race_sample; S.race_sample = lambda *a, **k: f(*a, **{**k, 'programs_per_sm': 2}); \
+g = E.silu_and_mul_quant; E.silu_and_mul_quant = lambda x, q, *a, **k: g(x, q, *a, **{**k, 'in_registers': False}); \
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    run tput_fp8_1 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_1.json"
-    run tput_fp8_race2 python -c "$RACE2" ${TPUT#python -m qwick.entrypoints.cli } --quantization fp8 \
-      --output-json "$OUT/tput_fp8_race2.json"
-    run tput_fp8_2 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_2.json"
+    run tput_fp8_new1 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_new1.json"
+    run tput_fp8_old python -c "$OLD" ${TPUT#python -m qwick.entrypoints.cli } --quantization fp8 \
+      --output-json "$OUT/tput_fp8_old.json"
+    run tput_fp8_new2 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_new2.json"
     run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
-    MS=136,144,160 WIDE=1 timeout 150 python benchmarks/fp8_mid_m_sweep.py 7b down 2>&1 | grep -v -i "warn\|skip"
+    MS=136,160 WIDE=1 timeout 100 python benchmarks/fp8_mid_m_sweep.py 7b down 2>&1 | grep -v -i "warn\|skip"
     ;;
   graphrows)  # prefill graphs of up to 4 rows (`PREFILL_GRAPH_ROWS`, 4 by default): a new prompt beside a
     # few decode rows in one replay. Its GPU tests (and the one-row ones again), then the TTFT of prompts

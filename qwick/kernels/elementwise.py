@@ -371,9 +371,9 @@ def _silu_and_mul_quant_kernel(
     BLOCK: tl.constexpr,
 ):
     """One program per row: silu(gate) * up as `_silu_and_mul_kernel` computes it, then the row's codes
-    and scale from the rounded output (read back from where this program just wrote it). Launched with
-    4096-wide steps and 16 warps: at 7b's 18944 columns that is 1.6x faster than 1024 and 4 warps at 256
-    rows (17.6 vs 27.4 us), 1.2x at 8192 (benchmarks/small_kernels.py)."""
+    and scale from the rounded output (read back from where this program just wrote it). For rows longer
+    than `_silu_and_mul_quant_regs_kernel` holds. 4096-wide steps on 16 warps were 1.6x faster than 1024
+    on 4 at 7b's 18944 columns and 256 rows (17.6 vs 27.4 us), 1.2x at 8192 (benchmarks/small_kernels.py)."""
     row = tl.program_id(0).to(tl.int64)
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     for start in range(0, N, BLOCK):
@@ -391,6 +391,87 @@ def _silu_and_mul_quant_kernel(
         y = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=0.0).to(tl.float32)
         codes = codes_of(y, scale, QMAX, IS_INT)
         tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_tile(x_row, out_row, start, N, amax, BLOCK: tl.constexpr):
+    """Step `start` of a row for `_silu_and_mul_quant_regs_kernel`: the output stored and kept, and the
+    running |max| folded in."""
+    cols = start + tl.arange(0, BLOCK)
+    mask = cols < N
+    y = _silu_mul(x_row, cols, mask, N)
+    tl.store(out_row + cols, y, mask=mask)
+    return y, tl.maximum(amax, tl.abs(y.to(tl.float32)))
+
+
+@triton.jit
+def _tile_codes(y, q_row, start, N, scale, QMAX: tl.constexpr, IS_INT: tl.constexpr, BLOCK: tl.constexpr):
+    cols = start + tl.arange(0, BLOCK)
+    codes = codes_of(y.to(tl.float32), scale, QMAX, IS_INT)
+    tl.store(q_row + cols, codes.to(q_row.dtype.element_ty), mask=cols < N)
+
+
+@triton.jit
+def _silu_and_mul_quant_regs_kernel(
+    x_ptr,
+    out_ptr,
+    q_ptr,
+    s_ptr,
+    stride_x,
+    stride_out,
+    stride_q,
+    N,
+    QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TILES: tl.constexpr,
+):
+    """`_silu_and_mul_quant_kernel` with the row's outputs kept in registers, TILES (<= 8) steps of BLOCK
+    written out one by one: no read-back, and no loop, so the compiler may issue every step's loads at
+    once. The loop's steps wait on memory one after another, twice; a whole row as one power-of-two block
+    instead (32768 for 18944 columns) spilled. The codes are the same, bit for bit."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    out_row = out_ptr + row * stride_out
+    q_row = q_ptr + row * stride_q
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    y0, amax = _silu_tile(x_row, out_row, 0, N, amax, BLOCK)
+    if TILES > 1:
+        y1, amax = _silu_tile(x_row, out_row, BLOCK, N, amax, BLOCK)
+    if TILES > 2:
+        y2, amax = _silu_tile(x_row, out_row, 2 * BLOCK, N, amax, BLOCK)
+    if TILES > 3:
+        y3, amax = _silu_tile(x_row, out_row, 3 * BLOCK, N, amax, BLOCK)
+    if TILES > 4:
+        y4, amax = _silu_tile(x_row, out_row, 4 * BLOCK, N, amax, BLOCK)
+    if TILES > 5:
+        y5, amax = _silu_tile(x_row, out_row, 5 * BLOCK, N, amax, BLOCK)
+    if TILES > 6:
+        y6, amax = _silu_tile(x_row, out_row, 6 * BLOCK, N, amax, BLOCK)
+    if TILES > 7:
+        y7, amax = _silu_tile(x_row, out_row, 7 * BLOCK, N, amax, BLOCK)
+    scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX
+    tl.store(s_ptr + row, scale)
+    _tile_codes(y0, q_row, 0, N, scale, QMAX, IS_INT, BLOCK)
+    if TILES > 1:
+        _tile_codes(y1, q_row, BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+    if TILES > 2:
+        _tile_codes(y2, q_row, 2 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+    if TILES > 3:
+        _tile_codes(y3, q_row, 3 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+    if TILES > 4:
+        _tile_codes(y4, q_row, 4 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+    if TILES > 5:
+        _tile_codes(y5, q_row, 5 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+    if TILES > 6:
+        _tile_codes(y6, q_row, 6 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+    if TILES > 7:
+        _tile_codes(y7, q_row, 7 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+
+
+MAX_REGISTER_TILES = 8  # the steps `_silu_and_mul_quant_regs_kernel` unrolls
 
 
 @triton.jit
@@ -429,13 +510,19 @@ def silu_quant_warps(rows: int) -> int:
 
 
 def silu_and_mul_quant(
-    x: torch.Tensor, quant: RowQuant, block: int = 4096, num_warps: int | None = None
+    x: torch.Tensor,
+    quant: RowQuant,
+    block: int = 4096,
+    num_warps: int | None = None,
+    in_registers: bool | None = None,
 ) -> QuantizedRows:
     """`silu_and_mul` with the output's per-row codes and scales; `block` and `num_warps` are the launch
     shape: 4096-wide steps on 32 warps up to 256 rows, 16 beyond (at 7b's 18944 columns on the H200, 6.2 /
     10.4 us at 64 / 256 rows against 7.1 / 10.9 on 16 warps; 82.9 us at 2048 rows on 16 against 91.3;
-    benchmarks/row_quant_launch.py). With `quant.group`, per-group scales from a kernel with one program
-    per row and group (the launch shape is the group)."""
+    benchmarks/row_quant_launch.py, with the row read back). Rows of up to `MAX_REGISTER_TILES` steps
+    keep their outputs in registers for the codes (`in_registers`, None: wherever they fit); longer ones
+    read them back. With `quant.group`, per-group scales from a kernel with one program per row and group
+    (the launch shape is the group)."""
     rows, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     codes, scales, meta = _row_codes(out, quant)
@@ -448,9 +535,17 @@ def silu_and_mul_quant(
             GROUP=group, num_warps=max(min(group // 256, 8), 1), **meta,
         )  # fmt: skip
     elif rows > 0:
-        _silu_and_mul_quant_kernel[(rows,)](
+        tiles = triton.cdiv(n, block)
+        if in_registers is None:
+            in_registers = tiles <= MAX_REGISTER_TILES
+        if in_registers and tiles > MAX_REGISTER_TILES:
+            raise ValueError(f"{n} columns are {tiles} steps of {block}: more than {MAX_REGISTER_TILES}")
+        kernel, extra = _silu_and_mul_quant_kernel, {}
+        if in_registers:
+            kernel, extra = _silu_and_mul_quant_regs_kernel, {"TILES": tiles}
+        kernel[(rows,)](
             x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), n, BLOCK=block,
-            num_warps=num_warps or silu_quant_warps(rows), **meta,
+            num_warps=num_warps or silu_quant_warps(rows), **meta, **extra,
         )  # fmt: skip
     return QuantizedRows(out, codes, scales, quant.group)
 

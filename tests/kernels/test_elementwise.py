@@ -155,6 +155,36 @@ def test_fused_row_quantization(op, dtype, qdtype, rows):
 
 
 @pytest.mark.parametrize("qdtype", QUANT_DTYPES)
+@pytest.mark.parametrize("n", [300, 1900, 2100])
+def test_silu_codes_in_registers(n, qdtype):
+    """SiLU-and-mul with per-row codes, the row kept in registers (2 and 8 steps of 256 here) against read
+    back from memory: the same output, codes and scales, bit for bit, and those of the torch oracle. Past
+    8 steps (2100 columns) the default reads back, and asking for registers is an error."""
+    from qwick.kernels.elementwise import MAX_REGISTER_TILES, silu_and_mul, silu_and_mul_quant
+    from qwick.layers.linear import RowQuant
+    from qwick.quantization.w8a8 import _MIN_AMAX, qmax, quantize_per_token
+
+    dev = triton_device()
+    quant = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
+    x = torch.randn(4, 2 * n, device=dev, generator=torch.Generator(device=dev).manual_seed(n)) * 3
+    x = x.to(torch.float16)
+    x[2] = 0.0
+    tiles = -(-n // 256)
+    if tiles > MAX_REGISTER_TILES:
+        with pytest.raises(ValueError, match="more than"):
+            silu_and_mul_quant(x, quant, 256, 4, in_registers=True)
+    runs = [silu_and_mul_quant(x, quant, 256, 4, in_registers=False), silu_and_mul_quant(x, quant, 256, 4)]
+    if tiles <= MAX_REGISTER_TILES:
+        runs.append(silu_and_mul_quant(x, quant, 256, 4, in_registers=True))
+    codes, scales = quantize_per_token(silu_and_mul(x), qdtype)
+    for got in runs:
+        assert torch.equal(got.x, silu_and_mul(x))
+        assert torch.equal(got.scales, scales)
+        assert torch.equal(got.codes.view(torch.uint8), codes.view(torch.uint8))
+        assert bool((got.codes[2].float() == 0).all())
+
+
+@pytest.mark.parametrize("qdtype", QUANT_DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", ["norm", "silu"])
 @pytest.mark.parametrize("rows", [1, 3])
