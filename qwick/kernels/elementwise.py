@@ -355,48 +355,8 @@ def _silu_and_mul_kernel(
 
 
 @triton.jit
-def _silu_and_mul_quant_kernel(
-    x_ptr,
-    out_ptr,
-    q_ptr,
-    s_ptr,
-    stride_x,
-    stride_out,
-    stride_q,
-    N,
-    QMAX: tl.constexpr,
-    INV_QMAX: tl.constexpr,
-    MIN_AMAX: tl.constexpr,
-    IS_INT: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """One program per row: silu(gate) * up as `_silu_and_mul_kernel` computes it, then the row's codes
-    and scale from the rounded output (read back from where this program just wrote it). For rows longer
-    than `_silu_and_mul_quant_regs_kernel` holds. 4096-wide steps on 16 warps were 1.6x faster than 1024
-    on 4 at 7b's 18944 columns and 256 rows (17.6 vs 27.4 us), 1.2x at 8192 (benchmarks/small_kernels.py)."""
-    row = tl.program_id(0).to(tl.int64)
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for start in range(0, N, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < N
-        y = _silu_mul(x_ptr + row * stride_x, cols, mask, N)
-        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
-        amax = tl.maximum(amax, tl.abs(y.to(tl.float32)))
-    scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX
-    tl.store(s_ptr + row, scale)
-    tl.debug_barrier()  # the row's outputs, written by all of this program's threads, are visible to all
-    for start in range(0, N, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < N
-        y = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=0.0).to(tl.float32)
-        codes = codes_of(y, scale, QMAX, IS_INT)
-        tl.store(q_ptr + row * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _silu_tile(x_row, out_row, start, N, amax, BLOCK: tl.constexpr):
-    """Step `start` of a row for `_silu_and_mul_quant_regs_kernel`: the output stored and kept, and the
-    running |max| folded in."""
+    """Step `start` of a row: silu(gate) * up stored and returned, and the running |max| folded in."""
     cols = start + tl.arange(0, BLOCK)
     mask = cols < N
     y = _silu_mul(x_row, cols, mask, N)
@@ -412,7 +372,7 @@ def _tile_codes(y, q_row, start, N, scale, QMAX: tl.constexpr, IS_INT: tl.conste
 
 
 @triton.jit
-def _silu_and_mul_quant_regs_kernel(
+def _silu_and_mul_quant_kernel(
     x_ptr,
     out_ptr,
     q_ptr,
@@ -428,50 +388,65 @@ def _silu_and_mul_quant_regs_kernel(
     BLOCK: tl.constexpr,
     TILES: tl.constexpr,
 ):
-    """`_silu_and_mul_quant_kernel` with the row's outputs kept in registers, TILES (<= 8) steps of BLOCK
-    written out one by one: no read-back, and no loop, so the compiler may issue every step's loads at
-    once. The loop's steps wait on memory one after another, twice; a whole row as one power-of-two block
-    instead (32768 for 18944 columns) spilled. The codes are the same, bit for bit."""
+    """One program per row: silu(gate) * up as `_silu_and_mul_kernel` computes it, then the row's codes
+    and scale from the rounded output.
+
+    TILES > 0 (at most 8, the row's steps of BLOCK): each step's output stays in registers, written out one
+    by one with no loop, so the compiler may issue every step's loads at once. TILES = 0, for longer rows:
+    a loop over the steps, and a second one reading the row back from where the first wrote it, each step
+    waiting on memory after the one before. (A whole row as one power-of-two block, 32768 for 18944
+    columns, spilled.) The codes are the same either way, bit for bit."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     out_row = out_ptr + row * stride_out
     q_row = q_ptr + row * stride_q
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    y0, amax = _silu_tile(x_row, out_row, 0, N, amax, BLOCK)
-    if TILES > 1:
-        y1, amax = _silu_tile(x_row, out_row, BLOCK, N, amax, BLOCK)
-    if TILES > 2:
-        y2, amax = _silu_tile(x_row, out_row, 2 * BLOCK, N, amax, BLOCK)
-    if TILES > 3:
-        y3, amax = _silu_tile(x_row, out_row, 3 * BLOCK, N, amax, BLOCK)
-    if TILES > 4:
-        y4, amax = _silu_tile(x_row, out_row, 4 * BLOCK, N, amax, BLOCK)
-    if TILES > 5:
-        y5, amax = _silu_tile(x_row, out_row, 5 * BLOCK, N, amax, BLOCK)
-    if TILES > 6:
-        y6, amax = _silu_tile(x_row, out_row, 6 * BLOCK, N, amax, BLOCK)
-    if TILES > 7:
-        y7, amax = _silu_tile(x_row, out_row, 7 * BLOCK, N, amax, BLOCK)
-    scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX
-    tl.store(s_ptr + row, scale)
-    _tile_codes(y0, q_row, 0, N, scale, QMAX, IS_INT, BLOCK)
-    if TILES > 1:
-        _tile_codes(y1, q_row, BLOCK, N, scale, QMAX, IS_INT, BLOCK)
-    if TILES > 2:
-        _tile_codes(y2, q_row, 2 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
-    if TILES > 3:
-        _tile_codes(y3, q_row, 3 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
-    if TILES > 4:
-        _tile_codes(y4, q_row, 4 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
-    if TILES > 5:
-        _tile_codes(y5, q_row, 5 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
-    if TILES > 6:
-        _tile_codes(y6, q_row, 6 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
-    if TILES > 7:
-        _tile_codes(y7, q_row, 7 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+    if TILES == 0:
+        for start in range(0, N, BLOCK):
+            _, amax = _silu_tile(x_row, out_row, start, N, amax, BLOCK)
+        scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX
+        tl.store(s_ptr + row, scale)
+        tl.debug_barrier()  # the row's outputs, written by all of this program's threads, are visible to all
+        for start in range(0, N, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            y = tl.load(out_row + cols, mask=cols < N, other=0.0)
+            _tile_codes(y, q_row, start, N, scale, QMAX, IS_INT, BLOCK)
+    else:
+        y0, amax = _silu_tile(x_row, out_row, 0, N, amax, BLOCK)
+        if TILES > 1:
+            y1, amax = _silu_tile(x_row, out_row, BLOCK, N, amax, BLOCK)
+        if TILES > 2:
+            y2, amax = _silu_tile(x_row, out_row, 2 * BLOCK, N, amax, BLOCK)
+        if TILES > 3:
+            y3, amax = _silu_tile(x_row, out_row, 3 * BLOCK, N, amax, BLOCK)
+        if TILES > 4:
+            y4, amax = _silu_tile(x_row, out_row, 4 * BLOCK, N, amax, BLOCK)
+        if TILES > 5:
+            y5, amax = _silu_tile(x_row, out_row, 5 * BLOCK, N, amax, BLOCK)
+        if TILES > 6:
+            y6, amax = _silu_tile(x_row, out_row, 6 * BLOCK, N, amax, BLOCK)
+        if TILES > 7:
+            y7, amax = _silu_tile(x_row, out_row, 7 * BLOCK, N, amax, BLOCK)
+        scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX
+        tl.store(s_ptr + row, scale)
+        _tile_codes(y0, q_row, 0, N, scale, QMAX, IS_INT, BLOCK)
+        if TILES > 1:
+            _tile_codes(y1, q_row, BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+        if TILES > 2:
+            _tile_codes(y2, q_row, 2 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+        if TILES > 3:
+            _tile_codes(y3, q_row, 3 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+        if TILES > 4:
+            _tile_codes(y4, q_row, 4 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+        if TILES > 5:
+            _tile_codes(y5, q_row, 5 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+        if TILES > 6:
+            _tile_codes(y6, q_row, 6 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
+        if TILES > 7:
+            _tile_codes(y7, q_row, 7 * BLOCK, N, scale, QMAX, IS_INT, BLOCK)
 
 
-MAX_REGISTER_TILES = 8  # the steps `_silu_and_mul_quant_regs_kernel` unrolls
+MAX_REGISTER_TILES = 8  # the steps `_silu_and_mul_quant_kernel` unrolls (its `TILES`)
 
 
 @triton.jit
@@ -540,12 +515,9 @@ def silu_and_mul_quant(
             in_registers = tiles <= MAX_REGISTER_TILES
         if in_registers and tiles > MAX_REGISTER_TILES:
             raise ValueError(f"{n} columns are {tiles} steps of {block}: more than {MAX_REGISTER_TILES}")
-        kernel, extra = _silu_and_mul_quant_kernel, {}
-        if in_registers:
-            kernel, extra = _silu_and_mul_quant_regs_kernel, {"TILES": tiles}
-        kernel[(rows,)](
+        _silu_and_mul_quant_kernel[(rows,)](
             x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), n, BLOCK=block,
-            num_warps=num_warps or silu_quant_warps(rows), **meta, **extra,
+            TILES=tiles if in_registers else 0, num_warps=num_warps or silu_quant_warps(rows), **meta,
         )  # fmt: skip
     return QuantizedRows(out, codes, scales, quant.group)
 
