@@ -542,8 +542,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     # SM at 1-256 rows; the code kernels' sweep at 64 / 256 / 2048 rows (SiLU "r" against "m"); workload 3
     # in fp8 new, old (both patched back), new (one process each) and bf16 once; then, if time is left,
     # the split-K fp8 GEMM against cuBLAS on the down projection just above 128 rows
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_sampling.py tests/runner/test_sampler.py \
-      tests/kernels/test_elementwise.py 2>&1 | tail -2
+    timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_sampling.py \
+      tests/runner/test_sampler.py tests/kernels/test_elementwise.py 2>&1 | tail -2
     python benchmarks/small_kernels.py race 2>&1 | grep -v -i warn
     python benchmarks/row_quant_launch.py --rows 64 256 2048 2>&1 | grep -v -i warn | grep "silu\|{"
     OLD="import sys; import qwick.kernels.sampling as S; import qwick.kernels.elementwise as E; \
@@ -555,7 +555,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       --output-json "$OUT/tput_fp8_old.json"
     run tput_fp8_new2 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_new2.json"
     run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
-    MS=136,160 WIDE=1 timeout 100 python benchmarks/fp8_mid_m_sweep.py 7b down 2>&1 | grep -v -i "warn\|skip"
+    MS=136,160 WIDE=1 timeout 60 python benchmarks/fp8_mid_m_sweep.py 7b down 2>&1 | grep -v -i "warn\|skip"
     ;;
   graphrows)  # prefill graphs of up to 4 rows (`PREFILL_GRAPH_ROWS`, 4 by default): a new prompt beside a
     # few decode rows in one replay. Its GPU tests (and the one-row ones again), then the TTFT of prompts
