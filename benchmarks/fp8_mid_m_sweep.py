@@ -6,7 +6,9 @@ Both take the same fp8 codes; the per-token quantization of x is not timed. `do_
     MS=128,192,256 WIDE=1 python benchmarks/fp8_mid_m_sweep.py 7b down
 
 `MS` picks the row counts; `WIDE=1` sweeps other launch shapes instead (128-row tiles, 256-wide output
-tiles, splits of 6), each with the fp32 promotion every 128 products of K as well as every 32.
+tiles, splits of 6), each with the fp32 promotion every 128 products of K as well as every 32; `WIDE=2`
+loads the tiles through tensor descriptors (TMA) and promotes every 128, 512 or never (2^30: fast
+accumulation, too coarse over 7b's down projection, here to show what promoting costs).
 """
 
 import functools
@@ -43,8 +45,16 @@ WIDE_CONFIGS = [
         (32, 128),
     )
 ]
-if os.environ.get("WIDE") == "1":
-    CONFIGS = WIDE_CONFIGS
+TMA_CONFIGS = [
+    RowwiseConfig(bm, bn, bk, split, 4 if bm * bn <= 64 * 128 else 8, stages, promote, True)
+    for (bm, bn, bk), split, stages, promote in itertools.product(
+        ((64, 128, 128), (128, 64, 128), (128, 128, 128), (128, 256, 128), (128, 128, 256)),
+        (1, 2, 3, 4),
+        (3, 4),
+        (128, 512, 1 << 30),
+    )
+]
+CONFIGS = {"1": WIDE_CONFIGS, "2": TMA_CONFIGS}.get(os.environ.get("WIDE", ""), CONFIGS)
 ROWS = [int(m) for m in os.environ.get("MS", "17,32,64,128,256").split(",")]
 bench = functools.partial(do_bench, warmup=10, rep=40)
 
@@ -87,7 +97,7 @@ def sweep(name: str, n: int, k: int, m: int, w: torch.Tensor, wscale: torch.Tens
         if t < best:
             best, best_cfg = t, cfg
     d = rowwise_config(m, n, k, ws)
-    if os.environ.get("WIDE") == "1":  # the runners-up, and each one's error against exact accumulation
+    if os.environ.get("WIDE"):  # the runners-up, and each one's error against exact accumulation
         for t, cfg in sorted(timed, key=lambda tc: tc[0])[:6]:
             err = (ours(*args, cfg).float() - ref).norm() / ref.norm()
             print(f"    {t * 1e3:7.1f} us  rel err {err:.1e}  {cfg}", flush=True)

@@ -71,6 +71,8 @@
 #   bash benchmarks/gpu_session.sh next22    # the sampling race on 8 programs per SM (was 2) and SiLU's
 #                                            # codes from registers: GPU tests, both sweeps, workload 3
 #                                            # fp8 new / old / new and bf16, fp8 down at 136-160 rows
+#   bash benchmarks/gpu_session.sh tma       # the fp8 split-K GEMM through TMA: tests, the down projection
+#                                            # at 128-256 rows against cuBLAS
 #   bash benchmarks/gpu_session.sh graphrows  # prefill graphs of up to 4 rows (a prompt beside decoders)
 #   bash benchmarks/gpu_session.sh graphrows4  # with 4 rows the default: tests, batch 1 with 4 and 1 rows
 #   bash benchmarks/gpu_session.sh roundto   # rotary products rounded in PTX: exactness tests, fp8 graphs
@@ -556,6 +558,13 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run tput_fp8_new2 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_new2.json"
     run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
     MS=136,160 WIDE=1 timeout 60 python benchmarks/fp8_mid_m_sweep.py 7b down 2>&1 | grep -v -i "warn\|skip"
+    ;;
+  tma)  # the split-K fp8 GEMM with its tiles loaded through tensor descriptors (`RowwiseConfig.tma`): its GPU
+    # tests, then 120 launch shapes against cuBLAS on 7b's down projection at 128-256 rows, where cuBLAS's
+    # 56 output tiles leave most SMs idle (promotion every 128 / 512 products of K, and never, to see its cost)
+    timeout 120 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py -k rowwise \
+      2>&1 | tail -2
+    MS=128,192,256 WIDE=2 timeout 400 python benchmarks/fp8_mid_m_sweep.py 7b down 2>&1 | grep -v -i "warn\|skip"
     ;;
   graphrows)  # prefill graphs of up to 4 rows (`PREFILL_GRAPH_ROWS`, 4 by default): a new prompt beside a
     # few decode rows in one replay. Its GPU tests (and the one-row ones again), then the TTFT of prompts

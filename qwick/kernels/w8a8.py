@@ -217,8 +217,8 @@ def quantize_rows(
 
 @triton.jit(do_not_specialize=["M"])  # M is no constant; SPLIT_K gives 2 variants per layer
 def _rowwise_fp8_mm_kernel(
-    x_ptr,
-    w_ptr,
+    x_src,
+    w_src,
     xs_ptr,
     wscale_ptr,
     b_ptr,
@@ -238,9 +238,12 @@ def _rowwise_fp8_mm_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     PROMOTE_K: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] tile of (xq @ wq^T) * xs * ws (+ b), K split over SPLIT_K programs whose
-    partials `m_tile_split_k_epilogue` reduces (each row tile with its own partials and counters)."""
+    partials `m_tile_split_k_epilogue` reduces (each row tile with its own partials and counters). x_src
+    and w_src are the codes' pointers, or with TMA their tensor descriptors (Hopper's bulk copies into
+    shared memory: no address arithmetic per element, and zeros past the last row and column)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2).to(tl.int64)  # offsets below: M * N may pass 2^31
@@ -253,11 +256,19 @@ def _rowwise_fp8_mm_kernel(
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if TMA:
+        row0 = (pid_m * BLOCK_M).to(tl.int32)
+        col0 = pid_n * BLOCK_N
+    else:
+        w_rows = w_src + rn.to(tl.int64)[:, None] * stride_wn
+        x_rows = x_src + rows.to(tl.int64)[:, None] * stride_xm
     for k in range(k_start, k_end, BLOCK_K):
-        w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
+        if TMA:  # a split's steps never cross its end but at K, where the copy fills zeros
+            x = x_src.load([row0, k])
+            w = w_src.load([col0, k])
+        else:
+            w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
         # Hopper's fp8 tensor cores accumulate below fp32 precision: promote into the fp32 accumulator every
         # PROMOTE_K products of K. 0 (promote always) would also be exact, but Triton then gives up wgmma and
         # upcasts to fp16 mma.sync (seen in the sm_90 PTX), which defeats the point of this kernel. 128 agrees
@@ -298,6 +309,7 @@ class RowwiseConfig:
     num_warps: int
     num_stages: int
     promote_k: int = 128  # products of K summed in the tensor cores' own precision before each fp32 add
+    tma: bool = False  # load the tiles through tensor descriptors (TMA)
 
 
 def rowwise_config(m: int, n: int, k: int, workspace: GemvWorkspace) -> RowwiseConfig:
@@ -344,9 +356,18 @@ def rowwise_fp8_mm(
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     workspace.check(cfg.split_k, tiles_m * cfg.block_m, n, tiles_m * tiles_n, f"{cfg} (M={m})")
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    x_src, w_src = xq, wq
+    if cfg.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        if k % 16 or xq.stride(0) % 16 or wq.stride(0) % 16:
+            raise ValueError(f"TMA loads need rows of whole 16-byte units, not K={k}")
+
+        x_src = TensorDescriptor.from_tensor(xq, [cfg.block_m, cfg.block_k])
+        w_src = TensorDescriptor.from_tensor(wq, [cfg.block_n, cfg.block_k])
     _rowwise_fp8_mm_kernel[(tiles_n, cfg.split_k, tiles_m)](
-        xq,
-        wq,
+        x_src,
+        w_src,
         xs,
         wscale,
         bias if bias is not None else wscale,
@@ -366,6 +387,7 @@ def rowwise_fp8_mm(
         BLOCK_K=cfg.block_k,
         EVEN_K=k % k_per_split == 0 and k_per_split % cfg.block_k == 0,
         PROMOTE_K=cfg.promote_k,
+        TMA=cfg.tma,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

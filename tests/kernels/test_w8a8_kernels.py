@@ -363,8 +363,9 @@ ROWWISE_CASES = (
 @pytest.mark.parametrize("m,n,k", ROWWISE_CASES)
 def test_rowwise_fp8_mm(m, n, k):
     """The mid-M fp8 GEMM (per-token x per-channel scales, split-K) against float64 on the same codes: the
-    default launch shape and forced ones (no split; a 4-way split), with and without a bias, twice (the
-    split-K counters reset themselves); partial row, column and K tiles included."""
+    default launch shape and forced ones (no split; a 4-way split; tiles loaded through TMA), with and
+    without a bias, twice (the split-K counters reset themselves); partial row, column and K tiles
+    included."""
     from qwick.kernels.w8a8 import RowwiseConfig, rowwise_config, rowwise_fp8_mm
     from qwick.quantization.w8a8 import quantize_weight_per_channel
 
@@ -375,6 +376,13 @@ def test_rowwise_fp8_mm(m, n, k):
     out_dtype = torch.float32 if INTERPRET else torch.bfloat16
     tol = 1e-5 if INTERPRET else 5e-3
     forced = [RowwiseConfig(64, 128, 128, 1, 4, 3), RowwiseConfig(64, 64, 128, 4, 4, 3)]
+    tma = RowwiseConfig(64, 64, 128, 2, 4, 3, tma=True)  # tensor descriptors: rows of whole 16-byte units
+    if k % 16 == 0:
+        forced.append(tma)
+    else:
+        with pytest.raises(ValueError, match="16-byte"):
+            rowwise_fp8_mm(*quantize_per_token(torch.ones(m, k, device=dev), FP8_DTYPE), wq, wscale, None, ws,
+                           torch.float32, tma)  # fmt: skip
     # a forced split runs only where the shared workspace holds its partials (the default halves its
     # split until it does; an oversized one must be refused, not write past the buffer)
     tiles_m = -(-m // 64)
