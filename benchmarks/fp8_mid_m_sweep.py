@@ -7,8 +7,9 @@ Both take the same fp8 codes; the per-token quantization of x is not timed. `do_
 
 `MS` picks the row counts; `WIDE=1` sweeps other launch shapes instead (128-row tiles, 256-wide output
 tiles, splits of 6), each with the fp32 promotion every 128 products of K as well as every 32; `WIDE=2`
-loads the tiles through tensor descriptors (TMA) and promotes every 128, 512 or never (2^30: fast
-accumulation, too coarse over 7b's down projection, here to show what promoting costs).
+loads the tiles through tensor descriptors (TMA) and promotes every 128 products of K, every 256 (the
+256-deep tiles) or never (fast accumulation, too coarse over 7b's down projection: here to show what
+promoting costs).
 """
 
 import functools
@@ -51,8 +52,9 @@ TMA_CONFIGS = [
         ((64, 128, 128), (128, 64, 128), (128, 128, 128), (128, 256, 128), (128, 128, 256)),
         (1, 2, 3, 4),
         (3, 4),
-        (128, 512, 1 << 30),
+        (128, 256, 0),
     )
+    if promote <= bk
 ]
 CONFIGS = {"1": WIDE_CONFIGS, "2": TMA_CONFIGS}.get(os.environ.get("WIDE", ""), CONFIGS)
 ROWS = [int(m) for m in os.environ.get("MS", "17,32,64,128,256").split(",")]

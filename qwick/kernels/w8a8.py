@@ -274,7 +274,10 @@ def _rowwise_fp8_mm_kernel(
         # upcasts to fp16 mma.sync (seen in the sm_90 PTX), which defeats the point of this kernel. 128 agrees
         # with cuBLAS's exact accumulation to 2e-5 (32: 7e-4, its bf16 rounding), and was as fast or faster
         # on 7b's down projection: 31.1 / 33.1 / 42.5 us at 17 / 64 / 128 rows against 35.5 / 33.0 / 43.9.
-        acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=PROMOTE_K)
+        if PROMOTE_K == 0:  # never (fast accumulation): only to measure what promoting costs
+            acc = tl.dot(x, tl.trans(w), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=PROMOTE_K)
     xs = tl.load(xs_ptr + rows, mask=m_ok, other=0.0)
     wscale = tl.load(wscale_ptr + rn, mask=n_ok, other=0.0)
     acc = acc * xs[:, None] * wscale[None, :]
@@ -309,6 +312,7 @@ class RowwiseConfig:
     num_warps: int
     num_stages: int
     promote_k: int = 128  # products of K summed in the tensor cores' own precision before each fp32 add
+    # (at most block_k; 0: never)
     tma: bool = False  # load the tiles through tensor descriptors (TMA)
 
 
