@@ -560,8 +560,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     MS=136,160 WIDE=1 timeout 60 python benchmarks/fp8_mid_m_sweep.py 7b down 2>&1 | grep -v -i "warn\|skip"
     ;;
   tma)  # the split-K fp8 GEMM with its tiles loaded through tensor descriptors (`RowwiseConfig.tma`): its GPU
-    # tests, then 120 launch shapes against cuBLAS on 7b's down projection at 128-256 rows, where cuBLAS's
-    # 56 output tiles leave most SMs idle (promotion every 128 / 512 products of K, and never, to see its cost)
+    # tests, then 88 launch shapes against cuBLAS on 7b's down projection at 128-256 rows, where cuBLAS's
+    # 56 output tiles leave most SMs idle (promotion every 128 / 256 products of K, and never, to see its cost)
     timeout 120 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py -k rowwise \
       2>&1 | tail -2
     MS=128,192,256 WIDE=2 timeout 400 python benchmarks/fp8_mid_m_sweep.py 7b down 2>&1 | grep -v -i "warn\|skip"
