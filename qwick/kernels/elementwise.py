@@ -449,6 +449,11 @@ def _silu_and_mul_quant_kernel(
 MAX_REGISTER_TILES = 8  # the steps `_silu_and_mul_quant_kernel` unrolls (its `TILES`)
 
 
+def silu_codes_in_registers(n: int, block: int = 4096) -> bool:
+    """Whether SiLU-and-mul with per-row codes keeps a row of `n` outputs in registers (the default)."""
+    return triton.cdiv(n, block) <= MAX_REGISTER_TILES
+
+
 @triton.jit
 def _silu_and_mul_group_quant_kernel(
     x_ptr,
@@ -512,7 +517,7 @@ def silu_and_mul_quant(
     elif rows > 0:
         tiles = triton.cdiv(n, block)
         if in_registers is None:
-            in_registers = tiles <= MAX_REGISTER_TILES
+            in_registers = silu_codes_in_registers(n, block)
         if in_registers and tiles > MAX_REGISTER_TILES:
             raise ValueError(f"{n} columns are {tiles} steps of {block}: more than {MAX_REGISTER_TILES}")
         _silu_and_mul_quant_kernel[(rows,)](

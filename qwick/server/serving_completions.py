@@ -14,9 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from qwick.outputs import Logprob
 from qwick.server import protocol as p
-from qwick.server.errors import (
-    bad_request,
-)
+from qwick.server.errors import bad_request
 from qwick.server.serving import (
     SSE_DONE,
     EngineRun,
