@@ -33,6 +33,7 @@ SILU_SHAPES = tuple(
     (block, warps, regs)
     for regs in (True, False)
     for block, warps in ((4096, 16), (4096, 32), (2048, 16), (8192, 16), (8192, 32), (4096, 8))
+    if not regs or -(-INTER // block) <= E.MAX_REGISTER_TILES  # 2048-wide steps are 10: read back only
 )
 QUANT_SHAPES = ((1024, 4), (1024, 8), (2048, 8), (4096, 4), (4096, 8), (4096, 16))
 PICK_ROWS = "256"
