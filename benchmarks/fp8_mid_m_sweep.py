@@ -5,11 +5,11 @@ Both take the same fp8 codes; the per-token quantization of x is not timed. `do_
     python benchmarks/fp8_mid_m_sweep.py [7b|14b] [layer ...]
     MS=128,192,256 WIDE=1 python benchmarks/fp8_mid_m_sweep.py 7b down
 
-`MS` picks the row counts; `WIDE=1` sweeps other launch shapes instead (128-row tiles, 256-wide output
-tiles, splits of 6), each with the fp32 promotion every 128 products of K as well as every 32; `WIDE=2`
-loads the tiles through tensor descriptors (TMA) and promotes every 128 products of K, every 256 (the
-256-deep tiles) or never (fast accumulation, too coarse over 7b's down projection: here to show what
-promoting costs).
+`MS` picks the row counts; `WIDE=0` times the default launch shape and cuBLAS only; `WIDE=1` sweeps other
+launch shapes instead (128-row tiles, 256-wide output tiles, splits of 6), each with the fp32 promotion every
+128 products of K as well as every 32; `WIDE=2` loads the tiles through tensor descriptors (TMA) and promotes
+every 128 products of K, every 256 (the 256-deep tiles) or never (fast accumulation, too coarse over 7b's down
+projection: here to show what promoting costs).
 """
 
 import functools
@@ -56,7 +56,7 @@ TMA_CONFIGS = [
     )
     if promote <= bk
 ]
-CONFIGS = {"1": WIDE_CONFIGS, "2": TMA_CONFIGS}.get(os.environ.get("WIDE", ""), CONFIGS)
+CONFIGS = {"0": [], "1": WIDE_CONFIGS, "2": TMA_CONFIGS}.get(os.environ.get("WIDE", ""), CONFIGS)
 ROWS = [int(m) for m in os.environ.get("MS", "17,32,64,128,256").split(",")]
 bench = functools.partial(do_bench, warmup=10, rep=40)
 
@@ -99,7 +99,7 @@ def sweep(name: str, n: int, k: int, m: int, w: torch.Tensor, wscale: torch.Tens
         if t < best:
             best, best_cfg = t, cfg
     d = rowwise_config(m, n, k, ws)
-    if os.environ.get("WIDE"):  # the runners-up, and each one's error against exact accumulation
+    if os.environ.get("WIDE", "0") != "0":  # the runners-up, and each one's error against exact accumulation
         for t, cfg in sorted(timed, key=lambda tc: tc[0])[:6]:
             err = (ours(*args, cfg).float() - ref).norm() / ref.norm()
             print(f"    {t * 1e3:7.1f} us  rel err {err:.1e}  {cfg}", flush=True)

@@ -559,6 +559,26 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
     MS=136,160 WIDE=1 timeout 60 python benchmarks/fp8_mid_m_sweep.py 7b down 2>&1 | grep -v -i "warn\|skip"
     ;;
+  next23)  # the twenty-third session's picks from `next22` and `tma`: the fp8 down projection through the
+    # TMA split-K GEMM up to 256 rows (`rowwise_max_m` 256, 64 x 128 tiles split 4 / 3 / 2), SiLU's codes
+    # from registers only up to 64 rows. GPU tests; the default against cuBLAS at 65-256 rows; the SiLU
+    # sweep at 64 / 128 / 256 rows; workload 3 in fp8 new, old (patched back), new, and bf16
+    timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
+      tests/kernels/test_elementwise.py -k "rowwise or layer or silu" 2>&1 | tail -2
+    MS=65,96,128,129,160,192,224,256 WIDE=0 timeout 60 python benchmarks/fp8_mid_m_sweep.py 7b down 2>&1 \
+      | grep -v -i "warn"
+    timeout 60 python benchmarks/row_quant_launch.py --rows 64 128 256 2>&1 | grep -v -i warn | grep "silu"
+    OLD="import sys, triton; import qwick.kernels.w8a8 as K; import qwick.kernels.elementwise as E; \
+from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.rowwise_max_m = 128; f = K.rowwise_config; \
+K.rowwise_config = lambda m, n, k, ws: f(m, n, k, ws) if m <= 64 else K.RowwiseConfig(128, 64, 128, 4, 4, 4); \
+E.silu_codes_in_registers = lambda n, rows, block=4096: triton.cdiv(n, block) <= 8; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    run tput_fp8_new1 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_new1.json"
+    run tput_fp8_old python -c "$OLD" ${TPUT#python -m qwick.entrypoints.cli } --quantization fp8 \
+      --output-json "$OUT/tput_fp8_old.json"
+    run tput_fp8_new2 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_new2.json"
+    run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
+    ;;
   tma)  # the split-K fp8 GEMM with its tiles loaded through tensor descriptors (`RowwiseConfig.tma`): its GPU
     # tests, then 88 launch shapes against cuBLAS on 7b's down projection at 128-256 rows, where cuBLAS's
     # 56 output tiles leave most SMs idle (promotion every 128 / 256 products of K, and never, to see its cost)

@@ -68,7 +68,7 @@ def sweep(rows: int) -> dict:
                             E._norm_warps(4096, rows, True))}  # fmt: skip
     plain = us(lambda: E.silu_and_mul(h))
     times = {sh: us(lambda sh=sh: E.silu_and_mul_quant(h, quant, *sh)) for sh in SILU_SHAPES}
-    silu_default = (4096, E.silu_quant_warps(rows), E.silu_codes_in_registers(INTER))
+    silu_default = (4096, E.silu_quant_warps(rows), E.silu_codes_in_registers(INTER, rows))
     found["silu"] = report(f"{rows:5d} rows  silu (plain {plain:.2f}), with codes", times, silu_default)
     quantize = lambda sh: W.quantize_rows(x, quant.dtype, quant.qmax, quant.min_amax, None, *sh)  # noqa: E731
     times = {sh: us(lambda sh=sh: quantize(sh)) for sh in QUANT_SHAPES}

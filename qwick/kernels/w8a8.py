@@ -317,21 +317,23 @@ class RowwiseConfig:
 
 
 def rowwise_config(m: int, n: int, k: int, workspace: GemvWorkspace) -> RowwiseConfig:
-    """Up to 64 rows, 64 x 64 output tiles over K in 256-wide steps, three stages; beyond, 128 x 64 tiles
-    over K in 128-wide steps, four stages. K split 4 ways, as far as the shared split-K workspace holds
-    the partials. The best of 40-112 launch shapes on the H200 at qwen2.5-7b's down projection for M = 32
-    and 64, and at M = 128 (41.0 and 41.1 us in two sweeps, against 42.5-45.5 for the small tiles split
-    2 ways; `benchmarks/fp8_mid_m_sweep.py`, `WIDE=1` for the latter; its "ours" column times this pick)."""
+    """Up to 64 rows, 64 x 64 output tiles over K in 256-wide steps, three stages (the best of 40-112
+    launch shapes on the H200 at qwen2.5-7b's down projection for M = 32 and 64). Beyond, 64 x 128 tiles
+    over K in 128-wide steps, four stages, loaded through tensor descriptors (TMA) where K allows, K split
+    4 / 3 / 2 ways up to 128 / 192 / 256 rows: 39.2 / 50.1 / 52.4 us at 128 / 192 / 256 rows in the TMA
+    sweep against cuBLAS's 52.4 / 53.3 / 53.4 and the plain loads' best 41.0 / 54.1 / 54.9
+    (`benchmarks/fp8_mid_m_sweep.py`, `WIDE=2`; its "ours" column times this pick). Each split shrinks
+    until the shared split-K workspace holds the partials."""
     if m <= 64:
-        block_m, block_n, block_k, stages = 64, 64, 256, 3
+        block_m, block_n, block_k, stages, split, tma = 64, 64, 256, 3, 4, False
     else:
-        block_m, block_n, block_k, stages = 128, 64, 128, 4
+        block_m, block_n, block_k, stages, tma = 64, 128, 128, 4, k % 16 == 0
+        split = 4 if m <= 128 else 3 if m <= 192 else 2
     tiles_m = triton.cdiv(m, block_m)
     tiles = tiles_m * triton.cdiv(n, block_n)
-    split = 4
-    while not workspace.fits(split, tiles_m * block_m, n, tiles):
-        split //= 2
-    return RowwiseConfig(block_m, block_n, block_k, split, 4, stages)
+    while split > 1 and not workspace.fits(split, tiles_m * block_m, n, tiles):
+        split -= 1
+    return RowwiseConfig(block_m, block_n, block_k, split, 4, stages, tma=tma)
 
 
 def rowwise_fp8_mm(

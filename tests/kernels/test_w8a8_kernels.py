@@ -160,8 +160,8 @@ def test_gpu_cublas_paths_at_decode_sizes(mode, n, k, m, monkeypatch):
 @pytest.mark.parametrize("m", [17, 64, 128, 256])
 @pytest.mark.parametrize("forced", [False, True])
 def test_gpu_rowwise_fp8_in_the_layer(n, k, m, forced, monkeypatch):
-    """The mid-M fp8 GEMM takes the down projections (K >= 12288) at 16 < M <= 128 and nothing else by
-    default; forced on for every shape up to 256 rows, it takes the narrow layers. Either way the result is
+    """The mid-M fp8 GEMM takes the down projections (K >= 12288) at 16 < M <= 256 and nothing else by
+    default; forced on for every shape (K >= 0), it takes the narrow layers. Either way the result is
     the same function as `_scaled_mm`'s."""
     from qwick.kernels import w8a8 as kernels
 
@@ -173,7 +173,7 @@ def test_gpu_rowwise_fp8_in_the_layer(n, k, m, forced, monkeypatch):
     monkeypatch.setattr(kernels, "rowwise_fp8_mm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     test_gpu_w8a8_matches_dequantized_float64("fp8", n, k, m)
     narrow = -(-m // 128) * -(-n // 128) < torch.cuda.get_device_properties(0).multi_processor_count
-    assert bool(calls) == (narrow and (forced or (k >= 12288 and m <= 128)))
+    assert bool(calls) == (narrow and (forced or k >= 12288))
 
 
 def test_gpu_fast_accumulation_only_for_short_sums(monkeypatch):
@@ -355,7 +355,14 @@ def test_quantize_rows_is_bit_identical_to_torch(qdtype, group, m, k):
 ROWWISE_CASES = (
     [(17, 96, 384), (70, 200, 1100), (130, 64, 256)]
     if INTERPRET
-    else [(17, 3584, 18944), (64, 4608, 3584), (100, 37888, 3584), (256, 3584, 3584), (256, 5120, 13824)]
+    else [
+        (17, 3584, 18944),
+        (64, 4608, 3584),
+        (100, 37888, 3584),
+        (192, 3584, 18944),
+        (256, 3584, 3584),
+        (256, 5120, 13824),
+    ]
 )
 
 
