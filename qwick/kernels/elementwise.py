@@ -451,10 +451,11 @@ MAX_REGISTER_TILES = 8  # the steps `_silu_and_mul_quant_kernel` unrolls (its `T
 
 def silu_codes_in_registers(n: int, rows: int, block: int = 4096) -> bool:
     """Whether SiLU-and-mul with per-row codes keeps each of `rows` rows of `n` outputs in registers: up to
-    64 rows, where a row fits. On the H200 at 7b's 18944 columns, 5.69 against 6.26 us at 64 rows; at 256
-    the two tie (11.26 against 10.38 on 32 warps, 10.22 against 10.85 on 16), and at 2048 reading back wins
-    (82.7 against 94.8 on 16 warps; `benchmarks/row_quant_launch.py`, twenty-third session)."""
-    return rows <= 64 and triton.cdiv(n, block) <= MAX_REGISTER_TILES
+    128 rows, where a row fits. On the H200 at 7b's 18944 columns (32 warps), 5.69 against 6.26 us at 64
+    rows and 5.82 against 6.43 at 128; at 256 the two tie (11.26 against 10.38 on 32 warps, 10.22 against
+    10.85 on 16), and at 2048 reading back wins (82.7 against 94.8 on 16 warps;
+    `benchmarks/row_quant_launch.py`, twenty-third session)."""
+    return rows <= 128 and triton.cdiv(n, block) <= MAX_REGISTER_TILES
 
 
 @triton.jit
@@ -504,7 +505,7 @@ def silu_and_mul_quant(
     10.4 us at 64 / 256 rows against 7.1 / 10.9 on 16 warps; 82.9 us at 2048 rows on 16 against 91.3;
     benchmarks/row_quant_launch.py, with the row read back). Rows of up to `MAX_REGISTER_TILES` steps
     may keep their outputs in registers for the codes (`in_registers`; None: `silu_codes_in_registers`,
-    up to 64 rows); otherwise they are read back. With `quant.group`, per-group scales from a kernel with one
+    up to 128 rows); otherwise they are read back. With `quant.group`, per-group scales from a kernel with one
     program per row and group (the launch shape is the group)."""
     rows, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
