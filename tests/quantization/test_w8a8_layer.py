@@ -250,18 +250,18 @@ def test_cpu_int8_decode_rows_take_the_int8_weight_gemm(monkeypatch):
     assert calls == [1, 16]
 
 
-def test_mid_m_fp8_gemm_takes_only_long_k_at_17_to_128_rows():
+def test_mid_m_fp8_gemm_takes_only_long_k_at_17_to_256_rows():
     """The routing rule measured on the H200: the split-K Triton fp8 GEMM serves per-channel fp8 layers with
-    K >= 12288 (the down projections) at 16 < M <= 128 rows in bf16/fp16, and nothing else."""
+    K >= 12288 (the down projections) at 16 < M <= 256 rows in bf16/fp16, and nothing else."""
     from types import SimpleNamespace
 
     fp8 = W8A8LinearMethod(FP8_DTYPE, checkpoint=False)
     fp8.workspace = SimpleNamespace(num_sms=132)  # what loading on an H200 sets up
     rows = lambda m, dtype=torch.bfloat16: torch.zeros(m, 8, dtype=dtype)  # noqa: E731
-    assert fp8._rowwise(rows(17), 3584, 18944) and fp8._rowwise(rows(128), 3584, 18944)
+    assert fp8._rowwise(rows(17), 3584, 18944) and fp8._rowwise(rows(256), 3584, 18944)
     assert fp8._rowwise(rows(64, torch.float16), 5120, 13824)
     assert not fp8._rowwise(rows(16), 3584, 18944)  # decode sizes: the skinny GEMM
-    assert not fp8._rowwise(rows(129), 3584, 18944)  # cuBLAS ties or wins from here
+    assert not fp8._rowwise(rows(257), 3584, 18944)  # cuBLAS ties or wins from here
     assert not fp8._rowwise(rows(64), 4608, 3584)  # short K: cuBLAS wins
     assert not fp8._rowwise(rows(64, torch.float32), 3584, 18944)
     int8 = W8A8LinearMethod(torch.int8, checkpoint=False)
