@@ -4,7 +4,8 @@ time per call; with the config computed inside the call and passed in, TMA and p
 pre-TMA 128 x 64 tiles, beside cuBLAS. The twenty-third session saw the default at ~93 us in `do_bench`
 where the sweep had timed the same launch shape at 39 us.
 
-    python benchmarks/rowwise_launch_diag.py
+    python benchmarks/rowwise_launch_diag.py            # the down projection, three ways
+    python benchmarks/rowwise_launch_diag.py o qkv      # other layers: TMA launch shapes in CUDA graphs
 """
 
 import functools
@@ -21,6 +22,7 @@ from qwick.kernels.w8a8 import RowwiseConfig, rowwise_config, rowwise_fp8_mm  # 
 
 FP8 = torch.float8_e4m3fn
 N, K = 3584, 18944
+LAYERS = {"qkv": (4608, 3584), "o": (3584, 3584)}
 
 
 def codes(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,5 +62,34 @@ def main() -> None:
         print(f"M={m} {'cuBLAS':20} do_bench {eager:6.1f} us  graph {graph:6.1f} us", flush=True)
 
 
+def layers(names: list[str]) -> None:
+    """TMA launch shapes (fp32 promotion every 128 products) against cuBLAS, both in CUDA graphs."""
+    ws = shared_workspace(torch.device("cuda"))
+    for name in names:
+        n, k = LAYERS[name]
+        w, wscale = codes(n, k)
+        for m in (128, 256):
+            x, xs = codes(m, k)
+            c = functools.partial(
+                torch._scaled_mm,
+                x,
+                w.t(),
+                scale_a=xs,
+                scale_b=wscale.view(1, -1),
+                out_dtype=torch.bfloat16,
+                use_fast_accum=True,
+            )
+            cells = [f"cuBLAS {do_bench_cudagraph(c, rep=40) * 1e3:.1f}"]
+            for bm, bn, split in ((64, 128, 1), (64, 128, 2), (64, 128, 3), (128, 64, 1), (128, 64, 2)):
+                cfg = RowwiseConfig(bm, bn, 128, split, 4, 4, tma=True)
+                f = functools.partial(rowwise_fp8_mm, x, xs, w, wscale, None, ws, torch.bfloat16, cfg)
+                f()
+                cells.append(f"{bm}x{bn} split {split} {do_bench_cudagraph(f, rep=40) * 1e3:.1f}")
+            print(f"{name} M={m} graph us: " + ", ".join(cells), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1:
+        layers(sys.argv[1:])
+    else:
+        main()
