@@ -320,10 +320,11 @@ def rowwise_config(m: int, n: int, k: int, workspace: GemvWorkspace) -> RowwiseC
     """Up to 64 rows, 64 x 64 output tiles over K in 256-wide steps, three stages (the best of 40-112
     launch shapes on the H200 at qwen2.5-7b's down projection for M = 32 and 64). Beyond, 64 x 128 tiles
     over K in 128-wide steps, four stages, loaded through tensor descriptors (TMA) where K allows, K split
-    4 / 3 / 2 ways up to 128 / 192 / 256 rows: 39.2 / 50.1 / 52.4 us at 128 / 192 / 256 rows in the TMA
-    sweep against cuBLAS's 52.4 / 53.3 / 53.4 and the plain loads' best 41.0 / 54.1 / 54.9
-    (`benchmarks/fp8_mid_m_sweep.py`, `WIDE=2`; its "ours" column times this pick). Each split shrinks
-    until the shared split-K workspace holds the partials."""
+    4 / 3 / 2 ways up to 128 / 192 / 256 rows: in CUDA graphs 32.4 / 41.4 / 47.5 us at 128 / 192 / 256
+    rows against cuBLAS's 47.2 / 47.5 / 49.2 and plain loads' 35.8 / 44.3 / 53.4
+    (`benchmarks/rowwise_launch_diag.py`; an eager call costs the host 40-115 us, more with descriptors,
+    so eager timings such as `benchmarks/fp8_mid_m_sweep.py`'s measure the host). Each split shrinks until
+    the shared split-K workspace holds the partials."""
     if m <= 64:
         block_m, block_n, block_k, stages, split, tma = 64, 64, 256, 3, 4, False
     else:
