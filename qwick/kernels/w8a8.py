@@ -20,7 +20,7 @@ Decode-sized matmuls (M <= 16) with per-channel scales do not come here: `qwick.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -359,7 +359,10 @@ def rowwise_fp8_mm(
     y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return y
+    tma_ok = not any(v % 16 for v in (k, xq.stride(0), wq.stride(0), xq.data_ptr(), wq.data_ptr()))
     cfg = config or rowwise_config(m, n, k, workspace)
+    if config is None and cfg.tma and not tma_ok:  # e.g. codes viewed out of a wider buffer: plain loads
+        cfg = replace(cfg, tma=False)
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     workspace.check(cfg.split_k, tiles_m * cfg.block_m, n, tiles_m * tiles_n, f"{cfg} (M={m})")
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
@@ -367,8 +370,8 @@ def rowwise_fp8_mm(
     if cfg.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        if k % 16 or xq.stride(0) % 16 or wq.stride(0) % 16:
-            raise ValueError(f"TMA loads need rows of whole 16-byte units, not K={k}")
+        if not tma_ok:
+            raise ValueError(f"TMA loads need 16-byte aligned rows of whole 16-byte units, not K={k}")
 
         x_src = TensorDescriptor.from_tensor(xq, [cfg.block_m, cfg.block_k])
         w_src = TensorDescriptor.from_tensor(wq, [cfg.block_n, cfg.block_k])

@@ -147,9 +147,10 @@ class W8A8LinearMethod(LinearMethod):
     decode_group = 512
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
-    # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 / 39 / 50 us at M = 17 / 32 / 64 /
-    # 128 / 192 against cuBLAS's 55 / 52 / 51 / 52 / 53, and ties it at 256 (52.4 against 53.4); on the
-    # shorter-K layers cuBLAS wins or ties (benchmarks/fp8_mid_m_sweep.py, BENCHMARKS.md).
+    # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
+    # cuBLAS's 55 / 52 / 51 (benchmarks/fp8_mid_m_sweep.py), and in CUDA graphs 32.4 / 41.4 / 47.5 us at
+    # 128 / 192 / 256 against 47.2 / 47.5 / 49.2 (benchmarks/rowwise_launch_diag.py); on the shorter-K
+    # layers cuBLAS wins or ties within 1 us (BENCHMARKS.md, twenty-third session).
     # rowwise_max_m = 0 keeps `_scaled_mm` for every M.
     rowwise_max_m = 256
     rowwise_min_k = 12288

@@ -390,7 +390,7 @@ def test_rowwise_fp8_mm(m, n, k):
         with pytest.raises(ValueError, match="16-byte"):
             rowwise_fp8_mm(*quantize_per_token(torch.ones(m, k, device=dev), FP8_DTYPE), wq, wscale, None, ws,
                            torch.float32, tma)  # fmt: skip
-    # a forced split runs only where the shared workspace holds its partials (the default halves its
+    # a forced split runs only where the shared workspace holds its partials (the default lowers its
     # split until it does; an oversized one must be refused, not write past the buffer)
     tiles_m = -(-m // 64)
     fits = [c for c in forced if ws.fits(c.split_k, tiles_m * 64, n, tiles_m * -(-n // c.block_n))]
@@ -417,4 +417,11 @@ def test_rowwise_fp8_mm(m, n, k):
                 ref += bias.double()
             assert y.dtype == out_dtype and y.shape == (m, n) and torch.isfinite(y).all()
             assert ((y.double() - ref).norm() / ref.norm()).item() < tol, cfg
+    if k % 16 == 0:  # codes viewed out of a wider buffer (rows of K + 8 bytes): no tensor descriptor fits
+        xq, xs = quantize_per_token(torch.randn(m, k + 8, generator=gen, device=dev), FP8_DTYPE)
+        xq, ref = xq[:, :k], (xq[:, :k].double() @ wq.double().T) * xs.double() * wscale.double().view(1, -1)
+        y = rowwise_fp8_mm(xq, xs, wq, wscale, None, ws, out_dtype)  # the default falls back to plain loads
+        assert ((y.double() - ref).norm() / ref.norm()).item() < tol
+        with pytest.raises(ValueError, match="16-byte"):
+            rowwise_fp8_mm(xq, xs, wq, wscale, None, ws, out_dtype, tma)
     assert int(ws.counters.abs().sum()) == 0
