@@ -121,7 +121,18 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
 out = os.environ.get("OUT")
 if out:
-    prof.export_chrome_trace(os.path.join(out, f"trace_{shape}.json"))
+    trace = os.path.join(out, f"trace_{shape}_{os.environ.get('QUANT') or 'bf16'}.json")
+    prof.export_chrome_trace(trace)
+    # per launch shape: the same kernel serves qkv, o, gate/up and down, told apart by their grids
+    with open(trace) as f:
+        kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
+    groups: dict[tuple, list[float]] = {}
+    for e in kernels:
+        key = (e["name"][:60], str(e.get("args", {}).get("grid")))
+        groups.setdefault(key, []).append(e["dur"])
+    print("per launch shape, 20 steps: count, mean us, total us per step")
+    for (name, grid), durs in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
+        print(f" {name:60s} {grid:16s} {len(durs):5d} {statistics.mean(durs):8.2f} {sum(durs) / 20:9.1f}")
 while eng.has_unfinished_requests():
     eng.step()
 for bs in [int(b) for b in os.environ.get("BATCHES", "8,16,64").split(",") if b]:

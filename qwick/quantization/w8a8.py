@@ -154,6 +154,11 @@ class W8A8LinearMethod(LinearMethod):
     # rowwise_max_m = 0 keeps `_scaled_mm` for every M.
     rowwise_max_m = 256
     rowwise_min_k = 12288
+    # Inputs made by the attention kernel (the o projection's) up to `rowwise_max_m` rows: its decode
+    # programs hold whole heads, not whole rows, so it writes codes with one scale per head
+    # (`grouped_input_quant`), which the skinny GEMM (W8A8 instead of W8A16) and, in fp8, the split-K
+    # Triton GEMM take; larger inputs keep the quantization launch before cuBLAS. False: never.
+    attention_codes = True
     # cuBLAS fp8 GEMMs with bf16/fp16 output: Hopper's fast accumulation (partial sums kept in the tensor
     # cores, not promoted to fp32 every few products) where K <= this. At qwen2.5-7b shapes it is 1.1-1.2x
     # faster on gate/up and QKV (M 64-8192), and its worst error grows from 3e-3 of the output's range (the
@@ -361,10 +366,28 @@ class W8A8LinearMethod(LinearMethod):
             return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
         return self.row_quant
 
+    def grouped_input_quant(self, layer: Linear, x: torch.Tensor, group: int) -> RowQuant | None:
+        """Codes with a scale per `group` columns, where this layer takes them at x's size (see
+        `attention_codes`): a power of two of at least 64 that divides K, at decode sizes (the skinny GEMM)
+        or, in fp8, up to `rowwise_max_m` rows (the split-K GEMM)."""
+        k = layer.weight.shape[1]
+        if not self.attention_codes or group < 64 or group & (group - 1) or k % group:
+            return None
+        if not self._per_token_cuda(layer, x) or not self._takes_groups(x):
+            return None
+        return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
+
+    def _takes_groups(self, x: torch.Tensor) -> bool:
+        """Whether `_apply_cuda` takes group-scaled codes at x's size: the skinny GEMM, or fp8's split-K."""
+        if self._skinny(x):
+            return True
+        rowwise = self.qdtype == FP8_DTYPE and self.workspace is not None and self.rowwise_max_m > 0
+        return rowwise and x.shape[0] <= self.rowwise_max_m and x.dtype in (torch.bfloat16, torch.float16)
+
     def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
         if x.x.dim() != 2 or not self._per_token_cuda(layer, x.x):
             return self.apply(layer, x.x)
-        if x.group is not None and not self._skinny(x.x):  # group scales: only the skinny GEMM takes them
+        if x.group is not None and not self._takes_groups(x.x):
             return self.apply(layer, x.x)
         return self._apply_cuda(layer, x.x, (x.codes, x.scales), x.group)
 
@@ -423,6 +446,13 @@ class W8A8LinearMethod(LinearMethod):
             )
         if not self.quantize_activations:
             return self.apply_reference(layer, x)
+        if codes is not None and group is not None:  # group scales past decode sizes: fp8's split-K GEMM
+            from qwick.kernels.w8a8 import rowwise_fp8_mm
+
+            scale = self.weight_scale(layer)
+            return rowwise_fp8_mm(
+                *codes, layer.weight, scale, layer.bias, self.workspace, x.dtype, x_group=group
+            )
         if self.block is not None:
             from qwick.kernels.w8a8 import block_scaled_mm
 

@@ -645,3 +645,60 @@ def test_decode_write_is_fused_by_default_and_never_in_mixed_steps():
     assert tri.fuses_decode_write(q, k, v, rope, md)
     mixed, _ = _make_rows([(5, 1), (20, 3)], 16, random.Random(0))
     assert not tri.fuses_decode_write(q, k, v, rope, tri.build_metadata(mixed))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("qdtype", ["int8", "fp8"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(8, 2, 64), (28, 4, 128)])
+def test_decode_kernels_write_the_o_projections_codes(heads, kv_heads, head_dim, splits, qdtype):
+    """Given the o projection's `RowQuant` of one group per head, a pure decode step returns its output
+    with the codes and scales `quantize_rows` makes of it (bit for bit), written by the decode kernel (one
+    split) or the split reduction; the output itself is unchanged, and a mixed step returns a plain tensor.
+    (The interpreter's fp32 -> fp8 conversion is wrong near powers of two: there fp8 codes are checked
+    against the output to one e4m3 step.)"""
+    from qwick.kernels.w8a8 import quantize_rows
+    from qwick.layers.linear import QuantizedRows, RowQuant
+    from qwick.layers.rotary import RopeStep
+    from qwick.quantization.w8a8 import _MIN_AMAX, FP8_DTYPE, qmax
+
+    device = triton_device()
+    dtype = _lowp(torch.bfloat16)
+    qd = FP8_DTYPE if qdtype == "fp8" else torch.int8
+    quant = RowQuant(qd, qmax(qd), _MIN_AMAX, head_dim)
+    bs = 16
+    rows, num_blocks = _make_rows([(0, 1), (15, 1), (40, 1), (100, 1)], bs, random.Random(1))
+    positions = torch.tensor([r.start_pos for r in rows], device=device)
+    inv = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    emb = torch.arange(256, dtype=torch.float)[:, None] * inv[None, :]
+    emb = torch.cat((emb, emb), dim=-1)
+    rope = RopeStep(positions, emb.cos().to(device), emb.sin().to(device))
+    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    torch.manual_seed(0)
+    qkv = torch.randn(len(rows), sum(sizes), device=device).to(dtype)
+    cache = torch.randn(2, num_blocks, bs, kv_heads, head_dim, device=device).to(dtype)
+    kw = dict(scale=head_dim**-0.5, sliding_window=None, rope=rope)
+    tri = _backend(bs, device, fixed_num_splits=splits)
+    outs = []
+    for q_arg in (None, quant):
+        q, k, v = (t.view(len(rows), -1, head_dim) for t in qkv.clone().split(sizes, dim=-1))
+        outs.append(tri.forward(q, k, v, cache.clone(), tri.build_metadata(rows), quant=q_arg, **kw))
+    plain, coded = outs
+    assert isinstance(coded, QuantizedRows) and coded.group == head_dim
+    assert torch.equal(coded.x, plain.view(len(rows), -1))
+    codes, scales = quantize_rows(coded.x, qd, qmax(qd), _MIN_AMAX, head_dim)
+    assert coded.codes.dtype == qd and coded.scales.shape == (len(rows), heads)
+    assert torch.equal(coded.scales, scales)
+    if qd == torch.int8 or not INTERPRET:
+        assert torch.equal(coded.codes.view(torch.uint8), codes.view(torch.uint8))
+    else:
+        got, want = coded.codes.float(), codes.float()
+        assert ((got - want).abs() <= want.abs() / 8 + 2.0**-9).all()
+    # a mixed step (a prompt beside the decode rows): no codes
+    mixed, num_blocks = _make_rows([(5, 1), (0, 3)], bs, random.Random(2))
+    q, k, v = (t.view(4, -1, head_dim) for t in torch.randn(4, sum(sizes), device=device).to(dtype).split(
+        sizes, dim=-1))  # fmt: skip
+    mixed_cache = torch.randn(2, num_blocks, bs, kv_heads, head_dim, device=device).to(dtype)
+    rope = RopeStep(torch.tensor([5, 0, 1, 2], device=device), rope.cos_cache, rope.sin_cache)
+    out = tri.forward(q, k, v, mixed_cache, tri.build_metadata(mixed), quant=quant, **{**kw, "rope": rope})
+    assert isinstance(out, torch.Tensor)

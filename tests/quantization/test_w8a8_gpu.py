@@ -145,3 +145,47 @@ def test_fused_activation_codes_change_nothing(mode, grouped, tmp_path, monkeypa
     separate = run()
     for a, b in zip(fused, separate):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+@pytest.mark.parametrize("rows", [2, 24])
+def test_attention_codes_change_nothing(mode, rows, tmp_path, monkeypatch):
+    """bf16 model with 64-wide heads: at decode steps the o projection takes codes that the attention
+    kernel writes, one scale per head (`attention_codes`; above 16 rows fp8's split-K GEMM takes them,
+    int8's cuBLAS path does not), and the logits are bit-identical to quantizing the attention output with
+    the same groups in a launch of its own."""
+    from qwick.layers.linear import QuantizedRows
+    from qwick.quantization.w8a8 import W8A8LinearMethod
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    make_tiny_model("qwen2", str(tmp_path), hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    prompts = [list(range(3 + i, 43 + i)) for i in range(rows)]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    real = W8A8LinearMethod.apply_quantized
+    groups_seen = []
+
+    def recorded(self, layer, x):
+        groups_seen.append((x.x.shape[0], x.group))
+        return real(self, layer, x)
+
+    def requantized(self, layer, x):  # the same activations, quantized by the separate kernel
+        return real(self, layer, QuantizedRows(x.x, *self._quantize_x(x.x, x.group), x.group))
+
+    def run():
+        llm = LLM(
+            str(tmp_path), dtype="bfloat16", quantization=mode, num_gpu_blocks_override=256, max_model_len=128
+        )
+        recorder = LogitsRecorder(llm)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [torch.stack(recorder.by_request[o.request_id]) for o in outs]
+
+    monkeypatch.setattr(W8A8LinearMethod, "apply_quantized", recorded)
+    fused = run()
+    taken = {m for m, g in groups_seen if g == 64}  # the batch sizes of the captured decode graphs too
+    assert taken, groups_seen
+    assert (max(taken) > 16) == (mode == "fp8"), groups_seen
+    monkeypatch.setattr(W8A8LinearMethod, "apply_quantized", requantized)
+    separate = run()
+    for a, b in zip(fused, separate):
+        assert torch.equal(a, b)

@@ -35,6 +35,7 @@ import torch
 from qwick.device_upload import to_device
 
 if TYPE_CHECKING:
+    from qwick.layers.linear import QuantizedRows, RowQuant
     from qwick.layers.rotary import RopeStep
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
@@ -232,9 +233,13 @@ class AttentionBackend(ABC):
         v_scale: float = 1.0,
         rope: RopeStep | None = None,
         output_rows: OutputRows | None = None,
-    ) -> torch.Tensor:
+        quant: RowQuant | None = None,
+    ) -> torch.Tensor | QuantizedRows:
         """Write k/v into the cache, then return attention output `[num_tokens, num_heads, head_dim]`
         (`[len(output_rows), ...]` for just the output rows' queries, when given).
+
+        `quant`: the codes the o projection would take (one scale per head). A backend may return the
+        output `[num_tokens, num_heads * head_dim]` with those codes (`QuantizedRows`); this one ignores it.
 
         `k_scale` / `v_scale`: the layer's fp8 KV-cache scales; used only when `kv_cache` is fp8.
         `rope`: the step's rotary embedding, applied to q and k first (`rope.apply`), which a backend may
