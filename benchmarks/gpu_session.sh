@@ -605,12 +605,13 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       run int8_codes $LAT --shape qwen2.5-7b $SHORT --quantization int8 --output-json "$OUT/lat_int8_codes.json"
       run int8_nocodes python -c "$NOCODES" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b \
         $SHORT --quantization int8 --output-json "$OUT/lat_int8_nocodes.json"
-    else
+    else  # (batch 1 lost nothing and gained nothing, so decode sizes stay W8A16: the tests again, then W3)
       run tput_fp8_codes1 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_codes1.json"
       run tput_fp8_nocodes python -c "$NOCODES" ${TPUT#python -m qwick.entrypoints.cli } --quantization fp8 \
         --output-json "$OUT/tput_fp8_nocodes.json"
+      timeout 240 python -m pytest -q -m gpu -p no:cacheprovider tests/quantization/test_w8a8_gpu.py \
+        tests/runner/test_no_compiles_while_serving.py -k "codes_change_nothing or fp8 or int8" 2>&1 | tail -3
       run tput_fp8_codes2 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_codes2.json"
-      run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
     fi
     ;;
   tma)  # the split-K fp8 GEMM with its tiles loaded through tensor descriptors (`RowwiseConfig.tma`): its GPU

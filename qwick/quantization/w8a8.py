@@ -154,10 +154,13 @@ class W8A8LinearMethod(LinearMethod):
     # rowwise_max_m = 0 keeps `_scaled_mm` for every M.
     rowwise_max_m = 256
     rowwise_min_k = 12288
-    # Inputs made by the attention kernel (the o projection's) up to `rowwise_max_m` rows: its decode
+    # fp8 inputs made by the attention kernel (the o projection's) at 17-`rowwise_max_m` rows: its decode
     # programs hold whole heads, not whole rows, so it writes codes with one scale per head
-    # (`grouped_input_quant`), which the skinny GEMM (W8A8 instead of W8A16) and, in fp8, the split-K
-    # Triton GEMM take; larger inputs keep the quantization launch before cuBLAS. False: never.
+    # (`grouped_input_quant`) for the split-K Triton GEMM, where the layer would otherwise launch a
+    # quantization and cuBLAS. Not at decode sizes: there o stays W8A16, as fast on the H200 (batch 1,
+    # qwen2.5-7b shapes, W8A8 on the attention's codes / W8A16: fp8 361.5 and 362.5 / 362.8 tok/s, int8
+    # 368.1 / 372.4; BENCHMARKS.md, twenty-fourth session). Larger inputs keep the quantization launch
+    # before cuBLAS. False: never.
     attention_codes = True
     # cuBLAS fp8 GEMMs with bf16/fp16 output: Hopper's fast accumulation (partial sums kept in the tensor
     # cores, not promoted to fp32 every few products) where K <= this. At qwen2.5-7b shapes it is 1.1-1.2x
@@ -367,13 +370,12 @@ class W8A8LinearMethod(LinearMethod):
         return self.row_quant
 
     def grouped_input_quant(self, layer: Linear, x: torch.Tensor, group: int) -> RowQuant | None:
-        """Codes with a scale per `group` columns, where this layer takes them at x's size (see
-        `attention_codes`): a power of two of at least 64 that divides K, at decode sizes (the skinny GEMM)
-        or, in fp8, up to `rowwise_max_m` rows (the split-K GEMM)."""
+        """Codes with a scale per `group` columns (a power of two of at least 64 that divides K) where
+        `attention_codes` asks for them: fp8 past decode sizes, up to `rowwise_max_m` rows."""
         k = layer.weight.shape[1]
         if not self.attention_codes or group < 64 or group & (group - 1) or k % group:
             return None
-        if not self._per_token_cuda(layer, x) or not self._takes_groups(x):
+        if not self._per_token_cuda(layer, x) or self._skinny(x) or not self._takes_groups(x):
             return None
         return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
 
