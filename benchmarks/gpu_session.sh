@@ -588,32 +588,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     done
     run fp8 $LAT --shape qwen2.5-7b $SHORT --quantization fp8 --output-json "$OUT/lat_fp8.json"
     ;;
-  ocodes)  # the o projection on codes the attention kernel writes (one scale per head, `attention_codes`):
-    # PART=1 its GPU tests, then batch 1 fp8 (with, without, with) and int8 (with, without); PART=2
-    # workload 3 fp8 with, without, with, and bf16
-    NOCODES="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.attention_codes = False; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    if [ "${PART:-1}" = 1 ]; then
-      timeout 200 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
-        tests/layers/test_triton_attention.py -k "group or rowwise or o_projections_codes" 2>&1 | tail -2
-      timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/quantization/test_w8a8_gpu.py \
-        tests/runner/test_no_compiles_while_serving.py -k "codes_change_nothing or fp8 or int8" 2>&1 | tail -2
-      run fp8_codes1 $LAT --shape qwen2.5-7b $SHORT --quantization fp8 --output-json "$OUT/lat_fp8_codes1.json"
-      run fp8_nocodes python -c "$NOCODES" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b $SHORT \
-        --quantization fp8 --output-json "$OUT/lat_fp8_nocodes.json"
-      run fp8_codes2 $LAT --shape qwen2.5-7b $SHORT --quantization fp8 --output-json "$OUT/lat_fp8_codes2.json"
-      run int8_codes $LAT --shape qwen2.5-7b $SHORT --quantization int8 --output-json "$OUT/lat_int8_codes.json"
-      run int8_nocodes python -c "$NOCODES" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b \
-        $SHORT --quantization int8 --output-json "$OUT/lat_int8_nocodes.json"
-    else  # (batch 1 lost nothing and gained nothing, so decode sizes stay W8A16: the tests again, then W3)
-      run tput_fp8_codes1 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_codes1.json"
-      run tput_fp8_nocodes python -c "$NOCODES" ${TPUT#python -m qwick.entrypoints.cli } --quantization fp8 \
-        --output-json "$OUT/tput_fp8_nocodes.json"
-      timeout 240 python -m pytest -q -m gpu -p no:cacheprovider tests/quantization/test_w8a8_gpu.py \
-        tests/runner/test_no_compiles_while_serving.py -k "codes_change_nothing or fp8 or int8" 2>&1 | tail -3
-      run tput_fp8_codes2 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8_codes2.json"
-    fi
-    ;;
   tma)  # the split-K fp8 GEMM with its tiles loaded through tensor descriptors (`RowwiseConfig.tma`): its GPU
     # tests, then 88 launch shapes against cuBLAS on 7b's down projection at 128-256 rows, where cuBLAS's
     # 56 output tiles leave most SMs idle (promotion every 128 / 256 products of K, and never, to see its cost)

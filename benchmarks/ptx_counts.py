@@ -58,7 +58,7 @@ def compile_ptx(fn, sig: dict, const: dict, divisible: list[str], num_warps: int
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False, codes: bool = False):
+def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False):
     kv = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": kv, "v_cache_ptr": kv, "out_ptr": "*bf16", "mid_o_ptr": "*fp32"}
     sig |= {"mid_lse_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32"}
@@ -70,13 +70,8 @@ def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False
     sig |= {"k_ptr": "*bf16", "v_ptr": "*bf16", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
     sig |= {"k_inv_scale": "fp32", "v_inv_scale": "fp32", "stride_kt": "i32", "stride_vt": "i32"}
     sig |= {"stride_vh": "i32"}
-    # The o projection's codes and scales (`QUANT_OUT`; placeholders without).
-    sig |= {"codes_ptr": "*fp8e4nv" if codes else "*bf16", "code_scales_ptr": "*fp32" if codes else "*bf16"}
-    sig |= {"stride_qc": "i32", "stride_qs": "i32"}
     const = dict(G_PAD=16, HEAD_DIM=128, D_PAD=128, BLOCK_SIZE=16, BLOCK_N=block_n, DOT_PREC="tf32")
     const |= dict(KV_FP8=fp8, F16_DOT=fp8, HEADS_FIRST=True, FUSED_WRITE=fused)
-    if codes:
-        const |= dict(QUANT_OUT=True, QMAX=448.0, INV_QMAX=1 / 448.0, MIN_AMAX=1e-10, IS_INT=False)
     div = (
         [n for n in sig if n.endswith("_ptr")]
         + list(_STRIDES)
@@ -103,16 +98,12 @@ def extend(fp8: bool, stages: int, spare: bool = False):
     return compile_ptx(extend_kernel, sig, const, div, 8, stages)
 
 
-def gemv(weight: str, block_n: int, block_k: int, split: int, stages: int, x_group: int | None = None):
-    """W8A16, or with `x_group` W8A8 on codes with a scale per x_group columns."""
+def gemv(weight: str, block_n: int, block_k: int, split: int, stages: int):
     w = {"fp8": "*fp8e4nv", "int8": "*i8"}[weight]
-    x = "*bf16" if x_group is None else w
-    sig = {"x_ptr": x, "w_ptr": w, "s_ptr": "*fp32", "xs_ptr": "*fp32", "b_ptr": "*bf16"}
+    sig = {"x_ptr": "*bf16", "w_ptr": w, "s_ptr": "*fp32", "xs_ptr": "*fp32", "b_ptr": "*bf16"}
     sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
     sig |= {n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "stride_xs")}
-    codes = x_group is not None
-    const = dict(HAS_SCALE=True, X_CODES=codes, X_GROUP=x_group or 0, INT_DOT=codes and weight == "int8")
-    const |= dict(HAS_BIAS=False)
+    const = dict(HAS_SCALE=True, X_CODES=False, X_GROUP=0, INT_DOT=False, HAS_BIAS=False)
     const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True)
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
@@ -137,17 +128,11 @@ VARIANTS = {
     "decode bf16 (128 keys, 8 warps, 3 stages)": lambda: decode(False, 128, 8, 3),
     "decode bf16 writing the new keys (128 keys, 8 warps, 3 stages)": lambda: decode(False, 128, 8, 3, True),
     "decode fp8 writing the new keys (128 keys, 4 warps, 2 stages)": lambda: decode(True, 128, 4, 2, True),
-    "decode bf16 writing the new keys and codes (128 keys, 8 warps, 3 stages)": lambda: decode(
-        False, 128, 8, 3, True, True
-    ),
     "extend bf16 (128 x 128, 2 stages)": lambda: extend(False, 2),
     "extend fp8 (128 x 128, 2 stages)": lambda: extend(True, 2),
     "extend bf16 with spare tiles (a graph's)": lambda: extend(False, 2, spare=True),
     "gemv fp8 W8A16 (32 x 256)": lambda: gemv("fp8", 32, 256, 4, 3),
     "gemv int8 W8A16 (32 x 256)": lambda: gemv("int8", 32, 256, 4, 3),
-    "gemv fp8 W8A8, groups of 512 (64 x 256)": lambda: gemv("fp8", 64, 256, 4, 3, 512),
-    "gemv fp8 W8A8, groups of 128 (64 x 256)": lambda: gemv("fp8", 64, 256, 4, 3, 128),
-    "gemv fp8 W8A8, groups of 128 (64 x 128)": lambda: gemv("fp8", 64, 128, 4, 4, 128),
     "tiles int4 reshape (64 rows)": lambda: tiles(64, False),
     "tiles int4 nibble-pair dots (32 rows)": lambda: tiles(32, True),
     "tiles int4 nibble-pair dots (16 rows)": lambda: tiles(16, True),

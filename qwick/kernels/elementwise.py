@@ -105,7 +105,7 @@ def _store_codes(
     tl.store(q_ptrs, codes_of(yf, scale, QMAX, IS_INT).to(q_ptrs.dtype.element_ty), mask=mask)
 
 
-def row_code_buffers(x: torch.Tensor, quant: RowQuant | None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def _row_codes(x: torch.Tensor, quant: RowQuant | None) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Buffers for the codes [rows, N] and scales [rows, 1] (or [rows, ceil(N / group)]) of `quant`
     (dummies without it), and the kernels' quantization meta-parameters."""
     rows, n = x.shape
@@ -150,7 +150,7 @@ def rms_norm(
         codes, scales = quantize_rows(out, quant.dtype, quant.qmax, quant.min_amax, quant.group)
         return QuantizedRows(out, codes, scales, quant.group)
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    codes, scales, meta = row_code_buffers(out, quant)
+    codes, scales, meta = _row_codes(out, quant)
     pairs, pair_meta = _pairs_buffer(out, half_pairs)
     if rows > 0:
         block = triton.next_power_of_2(n)
@@ -509,7 +509,7 @@ def silu_and_mul_quant(
     program per row and group (the launch shape is the group)."""
     rows, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    codes, scales, meta = row_code_buffers(out, quant)
+    codes, scales, meta = _row_codes(out, quant)
     if rows > 0 and quant.group is not None:
         group = quant.group
         if group & (group - 1):

@@ -65,25 +65,17 @@ def _gemv_kernel(
     x_rows = x_ptr + rm[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT and X_GROUP == 0 else tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
-        if X_CODES and X_GROUP > 0 and X_GROUP < BLOCK_K:  # a scale per X_GROUP columns, several a tile
-            for sub in tl.static_range(BLOCK_K // X_GROUP):
-                ks = k + sub * X_GROUP
-                w, x = load_k_tiles(w_rows, x_rows, ks + tl.arange(0, X_GROUP), k_end, n_ok, m_ok, EVEN_K)
-                part = tl.dot(x, tl.trans(w), out_dtype=tl.int32 if INT_DOT else tl.float32)
-                xs = tl.load(xs_ptr + rm * stride_xs + ks // X_GROUP, mask=m_ok, other=0.0)
-                acc += part.to(tl.float32) * xs[:, None]
+        w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
+        if X_CODES and X_GROUP > 0:  # W8A8 with a scale per X_GROUP columns: scale each tile's sums
+            part = tl.dot(x, tl.trans(w), out_dtype=tl.int32 if INT_DOT else tl.float32)
+            xs = tl.load(xs_ptr + rm * stride_xs + k // X_GROUP, mask=m_ok, other=0.0)
+            acc += part.to(tl.float32) * xs[:, None]
+        elif X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
+            acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
         else:
-            w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
-            if X_CODES and X_GROUP > 0:  # W8A8 with a scale per X_GROUP columns: scale each tile's sums
-                part = tl.dot(x, tl.trans(w), out_dtype=tl.int32 if INT_DOT else tl.float32)
-                xs = tl.load(xs_ptr + rm * stride_xs + k // X_GROUP, mask=m_ok, other=0.0)
-                acc += part.to(tl.float32) * xs[:, None]
-            elif X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
-                acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
-            else:
-                # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this
-                # order beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
-                acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+            # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
+            # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     acc = acc.to(tl.float32)
     if HAS_SCALE:  # per-output-channel scales of 8-bit weights
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
@@ -321,8 +313,8 @@ def gemv(
 
     `x_scale` (fp32 [M, 1]): x holds codes of the weight's 8-bit type too (W8A8), the result is
     `(codes_x @ codes.T) * x_scale * weight_scale.T + bias` in `out_dtype`, with int8 sums exact in int32.
-    With `x_group`, x_scale is [M, ceil(K / x_group)], one scale per group of columns (a power of two,
-    a multiple or a divisor of the launch's tile depth), applied to each group's sums."""
+    With `x_group`, x_scale is [M, ceil(K / x_group)], one scale per group of columns (a multiple of the
+    launch's tile depth), applied to each tile's sums."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= MAX_M and weight.shape[1] == k and x.stride(1) == 1 and weight.stride(1) == 1
@@ -339,8 +331,8 @@ def gemv(
     if m == 0:
         return y
     cfg = config or ws.config_for(m, n, k, weight.element_size(), x_scale is not None)
-    if x_group is not None and x_group % cfg.block_k and cfg.block_k % x_group:
-        raise ValueError(f"activation scale groups of {x_group} columns and tiles {cfg} do not nest")
+    if x_group is not None and x_group % cfg.block_k:
+        raise ValueError(f"activation scale groups of {x_group} columns need tiles that divide them: {cfg}")
     tiles = triton.cdiv(n, cfg.block_n)
     ws.check(cfg.split_k, MAX_M, n, tiles, cfg)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k

@@ -231,7 +231,6 @@ def _rowwise_fp8_mm_kernel(
     stride_xm,
     stride_wn,
     stride_ym,
-    stride_xs,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -240,13 +239,11 @@ def _rowwise_fp8_mm_kernel(
     EVEN_K: tl.constexpr,
     PROMOTE_K: tl.constexpr,
     TMA: tl.constexpr,
-    X_GROUP: tl.constexpr = 0,
 ):
     """One [BLOCK_M, BLOCK_N] tile of (xq @ wq^T) * xs * ws (+ b), K split over SPLIT_K programs whose
     partials `m_tile_split_k_epilogue` reduces (each row tile with its own partials and counters). x_src
     and w_src are the codes' pointers, or with TMA their tensor descriptors (Hopper's bulk copies into
-    shared memory: no address arithmetic per element, and zeros past the last row and column). X_GROUP:
-    xs holds a scale per X_GROUP columns of x (a multiple of BLOCK_K), applied to each tile's sums."""
+    shared memory: no address arithmetic per element, and zeros past the last row and column)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2).to(tl.int64)  # offsets below: M * N may pass 2^31
@@ -277,19 +274,13 @@ def _rowwise_fp8_mm_kernel(
         # upcasts to fp16 mma.sync (seen in the sm_90 PTX), which defeats the point of this kernel. 128 agrees
         # with cuBLAS's exact accumulation to 2e-5 (32: 7e-4, its bf16 rounding), and was as fast or faster
         # on 7b's down projection: 31.1 / 33.1 / 42.5 us at 17 / 64 / 128 rows against 35.5 / 33.0 / 43.9.
-        if X_GROUP > 0:  # a tile's sums in fp32 (promoted once: BLOCK_K <= 128), times its group's scale
-            part = tl.dot(x, tl.trans(w), max_num_imprecise_acc=BLOCK_K)
-            acc += part * tl.load(xs_ptr + rows * stride_xs + k // X_GROUP, mask=m_ok, other=0.0)[:, None]
-        elif PROMOTE_K == 0:  # never (fast accumulation): only to measure what promoting costs
+        if PROMOTE_K == 0:  # never (fast accumulation): only to measure what promoting costs
             acc = tl.dot(x, tl.trans(w), acc)
         else:
             acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=PROMOTE_K)
+    xs = tl.load(xs_ptr + rows, mask=m_ok, other=0.0)
     wscale = tl.load(wscale_ptr + rn, mask=n_ok, other=0.0)
-    if X_GROUP > 0:
-        acc = acc * wscale[None, :]
-    else:
-        xs = tl.load(xs_ptr + rows * stride_xs, mask=m_ok, other=0.0)
-        acc = acc * xs[:, None] * wscale[None, :]
+    acc = acc * xs[:, None] * wscale[None, :]
     m_tile_split_k_epilogue(
         acc,
         b_ptr,
@@ -325,9 +316,7 @@ class RowwiseConfig:
     tma: bool = False  # load the tiles through tensor descriptors (TMA)
 
 
-def rowwise_config(
-    m: int, n: int, k: int, workspace: GemvWorkspace, x_group: int | None = None
-) -> RowwiseConfig:
+def rowwise_config(m: int, n: int, k: int, workspace: GemvWorkspace) -> RowwiseConfig:
     """Up to 64 rows, 64 x 64 output tiles over K in 256-wide steps, three stages (the best of 40-112
     launch shapes on the H200 at qwen2.5-7b's down projection for M = 32 and 64). Beyond, 64 x 128 tiles
     over K in 128-wide steps, four stages, loaded through tensor descriptors (TMA) where K allows, K split
@@ -335,21 +324,12 @@ def rowwise_config(
     rows against cuBLAS's 47.2 / 47.5 / 49.2 and plain loads' 35.8 / 44.3 / 53.4
     (`benchmarks/rowwise_launch_diag.py`; an eager call costs the host 40-115 us, more with descriptors,
     so eager timings such as `benchmarks/fp8_mid_m_sweep.py`'s measure the host). Each split shrinks until
-    the shared split-K workspace holds the partials.
-
-    With `x_group` (codes with a scale per x_group columns: the o projection's, one per head, from the
-    attention kernel), K steps by at most x_group, and short sums (K < 8192) split in two up to 128 rows,
-    not above (in graphs, o at 128 / 256 rows took 10.9 split in two / 11.3 unsplit against cuBLAS's 11.7
-    / 11.8: `benchmarks/rowwise_launch_diag.py o`)."""
+    the shared split-K workspace holds the partials."""
     if m <= 64:
         block_m, block_n, block_k, stages, split, tma = 64, 64, 256, 3, 4, False
     else:
         block_m, block_n, block_k, stages, tma = 64, 128, 128, 4, k % 16 == 0
         split = 4 if m <= 128 else 3 if m <= 192 else 2
-    if x_group is not None:
-        block_k = min(block_k, x_group)
-        if k < 8192:
-            split = 2 if m <= 128 else 1
     tiles_m = triton.cdiv(m, block_m)
     tiles = tiles_m * triton.cdiv(n, block_n)
     while split > 1 and not workspace.fits(split, tiles_m * block_m, n, tiles):
@@ -366,10 +346,8 @@ def rowwise_fp8_mm(
     workspace: GemvWorkspace,
     out_dtype: torch.dtype,
     config: RowwiseConfig | None = None,
-    x_group: int | None = None,
 ) -> torch.Tensor:
     """(xq [M, K] @ wq [N, K]^T) * xs [M, 1] * wscale [N, 1] (+ bias), fp8 codes on both sides, fp32 sums.
-    With `x_group`, xs is [M, K / x_group]: one scale per group of x_group columns.
 
     For row counts between the skinny GEMV's 16 and a few hundred: cuBLAS's `_scaled_mm` tiles such a
     product 128 x 128 without splitting K, which leaves most SMs idle on the narrow layers (a 3584-wide
@@ -377,15 +355,12 @@ def rowwise_fp8_mm(
     m, k = xq.shape
     n = wq.shape[0]
     assert wq.shape[1] == k and xq.stride(1) == 1 and wq.stride(1) == 1
-    groups = 1 if x_group is None else triton.cdiv(k, x_group)
-    assert xs.numel() == m * groups and wscale.numel() == n and (groups == 1 or xs.stride(1) == 1)
+    assert xs.numel() == m and wscale.numel() == n
     y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return y
     tma_ok = not any(v % 16 for v in (k, xq.stride(0), wq.stride(0), xq.data_ptr(), wq.data_ptr()))
-    cfg = config or rowwise_config(m, n, k, workspace, x_group)
-    if x_group is not None and (x_group % cfg.block_k or cfg.promote_k == 0):
-        raise ValueError(f"activation scale groups of {x_group} columns need tiles that divide them: {cfg}")
+    cfg = config or rowwise_config(m, n, k, workspace)
     if config is None and cfg.tma and not tma_ok:  # e.g. codes viewed out of a wider buffer: plain loads
         cfg = replace(cfg, tma=False)
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
@@ -415,7 +390,6 @@ def rowwise_fp8_mm(
         xq.stride(0),
         wq.stride(0),
         y.stride(0),
-        xs.stride(0) if xs.dim() == 2 else 1,
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k,
         BLOCK_M=cfg.block_m,
@@ -424,7 +398,6 @@ def rowwise_fp8_mm(
         EVEN_K=k % k_per_split == 0 and k_per_split % cfg.block_k == 0,
         PROMOTE_K=cfg.promote_k,
         TMA=cfg.tma,
-        X_GROUP=x_group or 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

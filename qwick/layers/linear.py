@@ -105,12 +105,6 @@ class LinearMethod:
         `apply_quantized`."""
         return None
 
-    def grouped_input_quant(self, layer: Linear, x: torch.Tensor, group: int) -> RowQuant | None:
-        """`input_quant` for a producer that can only write codes with a scale per `group` columns (the
-        attention kernel: one per head): the `RowQuant` of that group this method would take at x's size,
-        or None."""
-        return None
-
     def apply_quantized(self, layer: Linear, x: QuantizedRows | PairedRows) -> torch.Tensor:
         return self.apply(layer, x.x)
 
@@ -200,10 +194,6 @@ class Linear(nn.Module):
         """How this layer would quantize the rows of `x` (a tensor with its input's rows, dtype and device),
         for the kernel that produces the input to do it; None when it would not."""
         return self.method.input_quant(self, x)
-
-    def grouped_input_quant(self, x: torch.Tensor, group: int) -> RowQuant | None:
-        """`input_quant` for a producer that writes one scale per `group` columns (`LinearMethod`'s)."""
-        return self.method.grouped_input_quant(self, x, group)
 
     def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int = 0) -> None:
         """Copy a checkpoint tensor into its shard's rows of a parameter: weight, bias or a scale.

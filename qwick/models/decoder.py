@@ -102,11 +102,8 @@ class DecoderAttention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        # The backend rotates q and k (with its KV write). A W8A8 o projection that takes codes with one
-        # scale per head gets them from the attention kernel (no quantization launch of its own).
-        q = q.flatten(1)
-        quant = None if output_rows is not None else self.o_proj.grouped_input_quant(q, self.head_dim)
-        out = self.attn(q, k.flatten(1), v, rope, output_rows, quant=quant)
+        # The backend rotates q and k (with its KV write).
+        out = self.attn(q.flatten(1), k.flatten(1), v, rope, output_rows)
         return self.o_proj(out)
 
 

@@ -154,14 +154,6 @@ class W8A8LinearMethod(LinearMethod):
     # rowwise_max_m = 0 keeps `_scaled_mm` for every M.
     rowwise_max_m = 256
     rowwise_min_k = 12288
-    # fp8 inputs made by the attention kernel (the o projection's) at 17-`rowwise_max_m` rows: its decode
-    # programs hold whole heads, not whole rows, so it writes codes with one scale per head
-    # (`grouped_input_quant`) for the split-K Triton GEMM, where the layer would otherwise launch a
-    # quantization and cuBLAS. Not at decode sizes: there o stays W8A16, as fast on the H200 (batch 1,
-    # qwen2.5-7b shapes, W8A8 on the attention's codes / W8A16: fp8 361.5 and 362.5 / 362.8 tok/s, int8
-    # 368.1 / 372.4; BENCHMARKS.md, twenty-fourth session). Larger inputs keep the quantization launch
-    # before cuBLAS. False: never.
-    attention_codes = True
     # cuBLAS fp8 GEMMs with bf16/fp16 output: Hopper's fast accumulation (partial sums kept in the tensor
     # cores, not promoted to fp32 every few products) where K <= this. At qwen2.5-7b shapes it is 1.1-1.2x
     # faster on gate/up and QKV (M 64-8192), and its worst error grows from 3e-3 of the output's range (the
@@ -369,27 +361,10 @@ class W8A8LinearMethod(LinearMethod):
             return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
         return self.row_quant
 
-    def grouped_input_quant(self, layer: Linear, x: torch.Tensor, group: int) -> RowQuant | None:
-        """Codes with a scale per `group` columns (a power of two of at least 64 that divides K) where
-        `attention_codes` asks for them: fp8 past decode sizes, up to `rowwise_max_m` rows."""
-        k = layer.weight.shape[1]
-        if not self.attention_codes or group < 64 or group & (group - 1) or k % group:
-            return None
-        if not self._per_token_cuda(layer, x) or self._skinny(x) or not self._takes_groups(x):
-            return None
-        return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
-
-    def _takes_groups(self, x: torch.Tensor) -> bool:
-        """Whether `_apply_cuda` takes group-scaled codes at x's size: the skinny GEMM, or fp8's split-K."""
-        if self._skinny(x):
-            return True
-        rowwise = self.qdtype == FP8_DTYPE and self.workspace is not None and self.rowwise_max_m > 0
-        return rowwise and x.shape[0] <= self.rowwise_max_m and x.dtype in (torch.bfloat16, torch.float16)
-
     def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
         if x.x.dim() != 2 or not self._per_token_cuda(layer, x.x):
             return self.apply(layer, x.x)
-        if x.group is not None and not self._takes_groups(x.x):
+        if x.group is not None and not self._skinny(x.x):  # group scales: only the skinny GEMM takes them
             return self.apply(layer, x.x)
         return self._apply_cuda(layer, x.x, (x.codes, x.scales), x.group)
 
@@ -448,13 +423,6 @@ class W8A8LinearMethod(LinearMethod):
             )
         if not self.quantize_activations:
             return self.apply_reference(layer, x)
-        if codes is not None and group is not None:  # group scales past decode sizes: fp8's split-K GEMM
-            from qwick.kernels.w8a8 import rowwise_fp8_mm
-
-            scale = self.weight_scale(layer)
-            return rowwise_fp8_mm(
-                *codes, layer.weight, scale, layer.bias, self.workspace, x.dtype, x_group=group
-            )
         if self.block is not None:
             from qwick.kernels.w8a8 import block_scaled_mm
 

@@ -35,7 +35,6 @@ import torch
 from qwick.device_upload import to_device
 
 if TYPE_CHECKING:
-    from qwick.layers.linear import QuantizedRows, RowQuant
     from qwick.layers.rotary import RopeStep
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
@@ -233,13 +232,9 @@ class AttentionBackend(ABC):
         v_scale: float = 1.0,
         rope: RopeStep | None = None,
         output_rows: OutputRows | None = None,
-        quant: RowQuant | None = None,
-    ) -> torch.Tensor | QuantizedRows:
+    ) -> torch.Tensor:
         """Write k/v into the cache, then return attention output `[num_tokens, num_heads, head_dim]`
         (`[len(output_rows), ...]` for just the output rows' queries, when given).
-
-        `quant`: the codes the o projection would take (one scale per head). A backend may return the
-        output `[num_tokens, num_heads * head_dim]` with those codes (`QuantizedRows`); this one ignores it.
 
         `k_scale` / `v_scale`: the layer's fp8 KV-cache scales; used only when `kv_cache` is fp8.
         `rope`: the step's rotary embedding, applied to q and k first (`rope.apply`), which a backend may

@@ -7,7 +7,6 @@ from torch import nn
 
 from qwick.forward_context import get_forward_context
 from qwick.layers.attention.backend import AttentionBackend, OutputRows
-from qwick.layers.linear import QuantizedRows, RowQuant
 from qwick.layers.rotary import RopeStep
 
 
@@ -41,15 +40,12 @@ class Attention(nn.Module):
         v: torch.Tensor,
         rope: RopeStep | None = None,
         output_rows: OutputRows | None = None,
-        quant: RowQuant | None = None,
-    ) -> torch.Tensor | QuantizedRows:
+    ) -> torch.Tensor:
         """q/k/v: [tokens, heads * head_dim] (k, v with kv heads) -> [tokens, heads * head_dim].
 
         `rope`: the step's rotary embedding, applied to q and k first (by the backend, which may fuse it
         with the KV write). `output_rows`: every token's keys and values are cached, but only these tokens'
-        outputs are returned ([len(output_rows), heads * head_dim]). `quant` (the o projection's
-        `input_quant` at one group per head): the backend may return the output with its codes instead
-        (`QuantizedRows`), written by the attention kernel itself."""
+        outputs are returned ([len(output_rows), heads * head_dim])."""
         if self.kv_cache is None or self.backend is None:
             raise RuntimeError("attention layer has no KV cache bound; run the model through ModelRunner")
         tokens = q.shape[0]
@@ -65,8 +61,5 @@ class Attention(nn.Module):
             v_scale=self.v_scale,
             rope=rope,
             output_rows=output_rows,
-            **({"quant": quant} if quant is not None else {}),
         )
-        if isinstance(out, QuantizedRows):
-            return out
         return out.view(out.shape[0], self.num_heads * self.head_dim)

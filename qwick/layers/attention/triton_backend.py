@@ -16,7 +16,6 @@ import torch
 import triton
 
 from qwick.device_upload import to_device
-from qwick.kernels.elementwise import row_code_buffers
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
@@ -31,7 +30,6 @@ from qwick.layers.attention.triton_kernels import (
     kv_write_kernel,
     rope_kv_write_kernel,
 )
-from qwick.layers.linear import QuantizedRows
 
 LOG2E = 1.4426950408889634
 # Decode split-KV defaults: splits per row are chosen so that (rows x kv heads x splits) is about
@@ -65,7 +63,6 @@ FUSE_DECODE_WRITE = True
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
-    from qwick.layers.linear import RowQuant
     from qwick.layers.rotary import RopeStep
 
 
@@ -356,16 +353,13 @@ class TritonAttentionBackend(AttentionBackend):
             self.write_kv(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         return q
 
-    def forward(
-        self, q, k, v, kv_cache, metadata, *, rope=None, output_rows=None, quant=None, **scales
-    ) -> torch.Tensor | QuantizedRows:
+    def forward(self, q, k, v, kv_cache, metadata, *, rope=None, output_rows=None, **scales) -> torch.Tensor:
         """The base class's (`scales`: its scale, sliding_window, k_scale, v_scale); a pure decode step with
         `fuse_decode_write` on writes its keys and values inside the decode kernel (`FUSED_WRITE`)
-        instead of a launch of its own, and with `quant` (a `RowQuant` of one group per head, which the o
-        projection asked for) returns the output with its codes (`QuantizedRows`)."""
+        instead of a launch of its own."""
         fuse = rope is not None and self.fuses_decode_write(q, k, v, rope, metadata)
         if output_rows is None and fuse:
-            return self.attend(q, kv_cache, metadata, new_kv=(k, v, rope), quant=quant, **scales)
+            return self.attend(q, kv_cache, metadata, new_kv=(k, v, rope), **scales)
         return super().forward(q, k, v, kv_cache, metadata, rope=rope, output_rows=output_rows, **scales)
 
     def fuses_decode_write(
@@ -398,11 +392,9 @@ class TritonAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         new_kv: tuple[torch.Tensor, torch.Tensor, RopeStep] | None = None,
-        quant: RowQuant | None = None,
-    ) -> torch.Tensor | QuantizedRows:
+    ) -> torch.Tensor:
         """`new_kv` (k, v, rope; pure decode steps only): the step's keys and values, which the decode
-        kernel rotates and writes itself, and q not yet rotated (`forward`). `quant` (one group per head):
-        a step of decode rows only also writes the codes of its output, returned with it."""
+        kernel rotates and writes itself, and q not yet rotated (`forward`)."""
         self._check_cache(kv_cache, metadata)
         fp8 = is_fp8_kv(kv_cache.dtype)
         if q.stride(2) != 1:
@@ -412,34 +404,18 @@ class TritonAttentionBackend(AttentionBackend):
         # k_scale folds into the softmax scale (q.(k_fp8 * s) = s * q.k_fp8); v_scale scales the output.
         qk_scale_log2 = float(scale) * LOG2E * (float(k_scale) if fp8 else 1.0)
         v_scale = float(v_scale) if fp8 else 1.0
-        codes = None
-        if quant is not None and self.writes_codes(q, metadata, plan, quant):
-            codes = row_code_buffers(out.view(out.shape[0], -1), quant)
         if plan.num_decode:
             write = None
             if new_kv is not None:  # the kernel quantizes into an fp8 cache as `write_kv` does
                 inv = (1.0 / float(k_scale), 1.0 / v_scale) if fp8 else (1.0, 1.0)
                 write = (*new_kv, *inv)
-            args = (plan, qk_scale_log2, v_scale, sliding_window, write, codes)
-            self._decode(q, kv_cache, out, metadata, *args)
+            self._decode(q, kv_cache, out, metadata, plan, qk_scale_log2, v_scale, sliding_window, write)
         if plan.extend_rows:
             self._extend(q, kv_cache, out, metadata, plan, qk_scale_log2, v_scale, sliding_window)
-        if codes is not None:
-            return QuantizedRows(out.view(out.shape[0], -1), codes[0], codes[1], quant.group)
         return out
 
-    @staticmethod
-    def writes_codes(q: torch.Tensor, md: AttentionMetadata, plan: _TritonPlan, quant: RowQuant) -> bool:
-        """Whether the decode kernels write the output's codes for `quant`: one group per head (each
-        program holds whole heads), decode rows only, every token an output row."""
-        return quant.group == q.shape[2] and plan.num_decode == md.num_tokens and not plan.extend_rows
-
-    def _decode(
-        self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window, write=None, codes=None
-    ) -> None:
-        """`write` (k, v, rope, 1 / k_scale, 1 / v_scale): the kernel's FUSED_WRITE (see `attend`).
-        `codes` (codes [tokens, heads * head_dim], scales [tokens, heads], the quantization's
-        meta-parameters): the output's codes, written by whichever kernel writes the output."""
+    def _decode(self, q, kv_cache, out, md, plan, scale_log2, v_scale, sliding_window, write=None) -> None:
+        """`write` (k, v, rope, 1 / k_scale, 1 / v_scale): the kernel's FUSED_WRITE (see `attend`)."""
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = kv_cache.shape[3]
         splits = self.num_splits(plan.num_decode, num_kv_heads, plan.decode_max_seq_len)
@@ -484,7 +460,6 @@ class TritonAttentionBackend(AttentionBackend):
             mid_lse.stride(0),
             mid_lse.stride(1),
             *self._write_args(q, md, write),
-            *self._codes_args(out, codes if splits == 1 else None),
             G_PAD=_pow2(num_heads // num_kv_heads, 16),
             HEAD_DIM=head_dim,
             D_PAD=d_pad,
@@ -494,7 +469,6 @@ class TritonAttentionBackend(AttentionBackend):
             F16_DOT=is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
             HEADS_FIRST=self.longest_first,
             FUSED_WRITE=write is not None,
-            **self._codes_meta(codes if splits == 1 else None),
             **cfg,
         )
         if splits > 1:
@@ -513,28 +487,13 @@ class TritonAttentionBackend(AttentionBackend):
                 mid_lse.stride(1),
                 out.stride(0),
                 out.stride(1),
-                *self._codes_args(out, codes),
                 HEAD_DIM=head_dim,
                 D_PAD=d_pad,
                 # One width for every split count up to the maximum: one variant to compile.
                 S_PAD=s_pad,
                 S_CHUNK=min(s_pad, 64),
-                **self._codes_meta(codes),
                 num_warps=4,
             )
-
-    @staticmethod
-    def _codes_args(out: torch.Tensor, codes) -> tuple:
-        """A decode kernel's code buffers and their row strides; placeholders for a launch that writes no
-        codes (the same arguments as without them, so the same compiled variant)."""
-        if codes is None:
-            return (out, out, 0, 0)
-        return (codes[0], codes[1], codes[0].stride(0), codes[1].stride(0))
-
-    @staticmethod
-    def _codes_meta(codes) -> dict:
-        """QUANT_OUT and the quantization's meta-parameters, for the launch that writes the codes."""
-        return {} if codes is None else {"QUANT_OUT": True, **codes[2]}
 
     @staticmethod
     def _write_args(q: torch.Tensor, md: AttentionMetadata, write) -> tuple:

@@ -44,7 +44,6 @@ import triton.language as tl
 
 from qwick.kernels.elementwise import rope_tables, rotate_halves, rotate_tile
 from qwick.kernels.half2 import quarter_byte_f16
-from qwick.kernels.w8a8 import codes_of
 
 # A finite "minus infinity" for running maxima and the decode kernel's (already scaled) masked scores: a
 # fully masked tile then yields exp2(0) garbage that the next real maximum wipes out (alpha = 0), instead
@@ -225,10 +224,6 @@ def decode_kernel(
     stride_kt,
     stride_vt,
     stride_vh,
-    codes_ptr,
-    code_scales_ptr,
-    stride_qc,
-    stride_qs,
     G_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -239,18 +234,11 @@ def decode_kernel(
     F16_DOT: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
     FUSED_WRITE: tl.constexpr,
-    QUANT_OUT: tl.constexpr = False,
-    QMAX: tl.constexpr = 0.0,
-    INV_QMAX: tl.constexpr = 0.0,
-    MIN_AMAX: tl.constexpr = 0.0,
-    IS_INT: tl.constexpr = False,
 ):
     """Flash-decoding over one split of a row's context for one kv head's query group. With FUSED_WRITE
     (q, k, v the step's unrotated projections; `write_kv_rope`'s work done here): the queries are rotated
     in registers, and the program whose split holds the row's last position rotates that token's key and
-    writes it with its value into the cache slot (slot < 0: no write) before reading its keys. With
-    QUANT_OUT (one split), each head's output also goes out as 8-bit codes with one scale per head
-    (`store_head_codes`)."""
+    writes it with its value into the cache slot (slot < 0: no write) before reading its keys."""
     if HEADS_FIRST:  # kv heads fastest in launch order: a row's heads start together
         kvh = tl.program_id(0)
         i = tl.program_id(1)
@@ -327,12 +315,11 @@ def decode_kernel(
     if KV_FP8:
         o = o * v_scale  # linear: the split partials combine the same with it applied
     if num_splits == 1:
-        res = o.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + tok * stride_ot + head[:, None] * stride_oh + d[None, :], res, mask=gd_mask)
-        if QUANT_OUT:
-            codes = codes_ptr + tok * stride_qc + head[:, None] * HEAD_DIM + d[None, :]
-            scales = code_scales_ptr + tok * stride_qs + head
-            store_head_codes(res, codes, scales, gd_mask, g_mask, 1, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
+        tl.store(
+            out_ptr + tok * stride_ot + head[:, None] * stride_oh + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=gd_mask,
+        )
     else:
         mid = mid_o_ptr + i * stride_mo_r + head[:, None] * stride_mo_h + split * stride_mo_s + d[None, :]
         tl.store(mid, o, mask=gd_mask)
@@ -355,22 +342,12 @@ def decode_reduce_kernel(
     stride_ml_h,
     stride_ot,
     stride_oh,
-    codes_ptr,
-    code_scales_ptr,
-    stride_qc,
-    stride_qs,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
     S_CHUNK: tl.constexpr,
-    QUANT_OUT: tl.constexpr = False,
-    QMAX: tl.constexpr = 0.0,
-    INV_QMAX: tl.constexpr = 0.0,
-    MIN_AMAX: tl.constexpr = 0.0,
-    IS_INT: tl.constexpr = False,
 ):
-    """out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse); empty splits have lse = -inf.
-    QUANT_OUT: the head's codes and scale too, as `decode_kernel` writes them."""
+    """out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse); empty splits have lse = -inf."""
     i = tl.program_id(0)
     h = tl.program_id(1)
     row = tl.load(rows_ptr + i)
@@ -400,33 +377,6 @@ def decode_reduce_kernel(
         tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, res)
     else:
         tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, res, mask=d < HEAD_DIM)
-    if QUANT_OUT:
-        codes = codes_ptr + tok * stride_qc + h * HEAD_DIM + d
-        scales = code_scales_ptr + tok * stride_qs + h
-        store_head_codes(res, codes, scales, d < HEAD_DIM, True, 0, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
-
-
-@triton.jit
-def store_head_codes(
-    o,
-    codes_ptrs,
-    scale_ptrs,
-    mask,
-    scale_mask,
-    AXIS: tl.constexpr,
-    QMAX: tl.constexpr,
-    INV_QMAX: tl.constexpr,
-    MIN_AMAX: tl.constexpr,
-    IS_INT: tl.constexpr,
-):
-    """The 8-bit codes of attention outputs `o` (as stored, in the output dtype), one scale per head (the
-    absmax along `AXIS` over qmax): what `quantize_rows` makes of the output with one group per head, bit
-    for bit, so that the o projection (W8A8) reads codes without a quantization launch of its own."""
-    of = tl.where(mask, o.to(tl.float32), 0.0)
-    scale = tl.maximum(tl.max(tl.abs(of), axis=AXIS), MIN_AMAX) * INV_QMAX
-    tl.store(scale_ptrs, scale, mask=scale_mask)
-    scale_b = scale[:, None] if AXIS == 1 else scale
-    tl.store(codes_ptrs, codes_of(of, scale_b, QMAX, IS_INT).to(codes_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
