@@ -588,6 +588,11 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     done
     run fp8 $LAT --shape qwen2.5-7b $SHORT --quantization fp8 --output-json "$OUT/lat_fp8.json"
     ;;
+  b1sweep)  # batch-1 fp8 GEMV launch shapes in CUDA graphs over L2-overflowing weight copies (qkv, o, down,
+    # LM head), the default first
+    SAMPLE=${SAMPLE:-30} timeout 500 python benchmarks/b1_gemv_graph_sweep.py "$OUT/b1_sweep.json" ${LAYERS:-} 2>&1 \
+      | grep -v -i warn
+    ;;
   tma)  # the split-K fp8 GEMM with its tiles loaded through tensor descriptors (`RowwiseConfig.tma`): its GPU
     # tests, then 88 launch shapes against cuBLAS on 7b's down projection at 128-256 rows, where cuBLAS's
     # 56 output tiles leave most SMs idle (promotion every 128 / 256 products of K, and never, to see its cost)
