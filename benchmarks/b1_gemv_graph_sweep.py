@@ -1,8 +1,9 @@
-"""Batch-1 GEMV launch shapes on 8-bit weights, timed as decode runs them: captured in a CUDA graph, cycling
-over copies of the weight that together overflow the L2 (50 MB on the H200), so every call streams from
-HBM. `do_bench` timings of these layers carry a few microseconds of launch cost per call, which hides
-differences between launch shapes of the small layers (in the twenty-fourth session's batch-1 profile the
-fp8 QKV and o GEMVs took 8.4 and 9.2 us in the graph, 2.0 and 1.4 TB/s).
+"""Batch-1 GEMV launch shapes on 8-bit weights (fp8; int8 with WEIGHT=int8), timed as decode runs them:
+captured in a CUDA graph, cycling over copies of the weight that together overflow the L2 (50 MB on the
+H200), so every call streams from HBM. `do_bench` timings of these layers carry a few microseconds of
+launch cost per call, which hides differences between launch shapes of the small layers (in the
+twenty-fourth session's batch-1 profile the fp8 QKV and o GEMVs took 8.4 and 9.2 us in the graph, 2.0 and
+1.4 TB/s).
 
 Each layer runs the path the fp8 model takes at one row: QKV and gate/up on per-token activation codes
 (W8A8, written by the RMSNorm), down on codes with a scale per 512 columns (SiLU-and-mul's), o and the LM
@@ -10,6 +11,8 @@ head on bf16 activations (W8A16). Prints us per call and TB/s of weight bytes pe
 first; writes JSON to argv[1].
 
     python benchmarks/b1_gemv_graph_sweep.py out.json [layer ...]   # qkv o down head (default: all four)
+
+CONFIGS="bn,bk,split,warps,stages;..." times those launch shapes after the default instead of a sample.
 """
 
 import functools
@@ -35,10 +38,14 @@ LAYERS = {
     "gate_up": (37888, 3584, "codes"),
 }
 SAMPLE = int(os.environ.get("SAMPLE", "30"))
+INT8 = os.environ.get("WEIGHT") == "int8"
+WEIGHT = torch.int8 if INT8 else FP8
 L2_BYTES = 120 << 20  # the copies of a weight cycled through: over twice the L2
 
 
 def candidates(n: int, k: int) -> list[GemvConfig]:
+    if os.environ.get("CONFIGS"):
+        return [GemvConfig(*map(int, c.split(","))) for c in os.environ["CONFIGS"].split(";")]
     splits = (1,) if n >= 16384 else ((2, 4, 8) if k < 12288 else (4, 8, 16))
     space = itertools.product((16, 32, 64, 128), (128, 256, 512), splits, (2, 3, 4, 5), (4, 8))
     out = [GemvConfig(bn, bk, sk, w, st) for bn, bk, sk, st, w in space if k // sk >= 2 * bk]
@@ -78,14 +85,18 @@ def main() -> None:
     for name in names:
         n, k, form = LAYERS[name]
         copies = max(1, -(-L2_BYTES // (n * k)))
-        weights = [(torch.randn(n, k, device=dev) * 0.02).to(FP8) for _ in range(copies)]
+        if INT8:
+            weights = [torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8) for _ in range(copies)]
+        else:
+            weights = [(torch.randn(n, k, device=dev) * 0.02).to(FP8) for _ in range(copies)]
         wscale = torch.rand(n, device=dev) * 1e-3 + 1e-3
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         if form == "bf16":
             kw = dict(weight_scale=wscale)
             xin = x
         else:
-            xq, xs = quantize_rows(x, FP8, 448.0, 1e-10, 512 if form == "group512" else None)
+            qmax = 127.0 if INT8 else 448.0
+            xq, xs = quantize_rows(x, WEIGHT, qmax, 1e-10, 512 if form == "group512" else None)
             kw = dict(weight_scale=wscale, x_scale=xs, out_dtype=torch.bfloat16)
             if form == "group512":
                 kw["x_group"] = 512

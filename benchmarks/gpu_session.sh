@@ -593,6 +593,22 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     SAMPLE=${SAMPLE:-30} timeout 500 python benchmarks/b1_gemv_graph_sweep.py "$OUT/b1_sweep.json" ${LAYERS:-} 2>&1 \
       | grep -v -i warn
     ;;
+  w8a16cfg)  # the W8A16 launch shapes from `b1sweep` (o split 8 in 32 x 128 tiles, the LM head in 64 x 128):
+    # the int8 sweep of o and the head with the old shapes, then batch 1 fp8 / int8 / int4 (its head is
+    # int8) with the new and the old (patched back), alternating
+    WEIGHT=int8 CONFIGS="32,256,4,4,3;32,256,1,4,4" timeout 120 python benchmarks/b1_gemv_graph_sweep.py \
+      "$OUT/b1_sweep_int8.json" o head 2>&1 | grep -v -i warn
+    OLDCFG="import sys; import qwick.kernels.gemv as G; f = G.default_config; \
+G.default_config = lambda m, n, k, sms, w_bytes=2, codes=False: (G.GemvConfig(32, 256, 1, num_stages=4) \
+if n >= 16384 else G.GemvConfig(32, 256, 4, num_stages=3) if k < 12288 else f(m, n, k, sms, w_bytes, codes)) \
+if w_bytes == 1 and not codes else f(m, n, k, sms, w_bytes, codes); \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in fp8 int8 int4; do
+      run "${q}_new" $LAT --shape qwen2.5-7b $SHORT --quantization $q --output-json "$OUT/lat_${q}_new.json"
+      run "${q}_old" python -c "$OLDCFG" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b $SHORT \
+        --quantization $q --output-json "$OUT/lat_${q}_old.json"
+    done
+    ;;
   tma)  # the split-K fp8 GEMM with its tiles loaded through tensor descriptors (`RowwiseConfig.tma`): its GPU
     # tests, then 88 launch shapes against cuBLAS on 7b's down projection at 128-256 rows, where cuBLAS's
     # 56 output tiles leave most SMs idle (promotion every 128 / 256 products of K, and never, to see its cost)

@@ -225,10 +225,15 @@ def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2, codes
     if codes:  # 8-bit codes times 8-bit activation codes (benchmarks/w8a8_gemv_sweep.py, M = 1): 64 x 256
         # tiles, three stages, within 2% of the best of 12-36 launch shapes on every 7b layer (fp8 and int8)
         return GemvConfig(64, 256, 1 if n >= 16384 else (8 if k >= 12288 else 4), num_stages=3)
-    if w_bytes == 1:  # fp8 / int8 codes: 32 x 256 tiles won at every 7b shape (WEIGHT=fp8|int8 sweeps)
+    if w_bytes == 1:  # fp8 / int8 codes against 16-bit activations (the o projection and LM head at batch 1)
+        # Timed in CUDA graphs over L2-overflowing weight copies (benchmarks/b1_gemv_graph_sweep.py, H200,
+        # fp8, 7b shapes): the LM head in 64 x 128 tiles 165.3 us against 175.0 in 32 x 256; o split 8 ways
+        # in 32 x 128 tiles 8.9 against 9.6 split 4 in 32 x 256 (BENCHMARKS.md, twenty-fourth session).
         if n >= 16384:
-            return GemvConfig(32, 256, 1, num_stages=4)
-        return GemvConfig(32, 256, 8 if k >= 12288 else 4, num_stages=3)
+            return GemvConfig(64, 128, 1, num_stages=4)
+        if k >= 12288:
+            return GemvConfig(32, 256, 8, num_stages=3)
+        return GemvConfig(32, 128, 8, num_stages=4)
     if n >= 65536:  # LM heads
         return GemvConfig(64, 256, 1, num_stages=3)
     if n >= 16384:  # gate/up projections
