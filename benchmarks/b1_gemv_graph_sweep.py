@@ -25,6 +25,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.getcwd())
+from qwick.bench.gpu_timing import graph_us  # noqa: E402
 from qwick.kernels.gemv import GemvConfig, gemv, shared_workspace  # noqa: E402
 from qwick.kernels.w8a8 import quantize_rows  # noqa: E402
 
@@ -51,29 +52,6 @@ def candidates(n: int, k: int) -> list[GemvConfig]:
     out = [GemvConfig(bn, bk, sk, w, st) for bn, bk, sk, st, w in space if k // sk >= 2 * bk]
     random.Random(n * k).shuffle(out)
     return out[:SAMPLE]
-
-
-def time_graph(calls, reps: int = 20) -> float:
-    """us per call of `calls` (a list of thunks) captured once in a CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for c in calls:  # warm-up (and compile) outside the capture
-            c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for c in calls:
-            c()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * len(calls))
 
 
 def main() -> None:
@@ -109,10 +87,10 @@ def main() -> None:
                 continue
             if form == "group512" and 512 % cfg.block_k:
                 continue
+            cycle = itertools.cycle(weights)  # each captured call streams the next copy
             call = functools.partial(gemv, xin, config=cfg, bias=None, ws=ws, **kw)
-            calls = [functools.partial(call, weight=weights[i % copies]) for i in range(per_graph)]
             try:
-                us = time_graph(calls)
+                us = graph_us(lambda c=call, w=cycle: c(weight=next(w)), calls=per_graph, replays=20)
             except Exception as e:  # a launch shape this Triton cannot build (shared memory, registers)
                 print(f"{name} {cfg}: {type(e).__name__}", flush=True)
                 continue

@@ -218,9 +218,10 @@ def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2, codes
     The landscape is flat (the best of 48 shapes within 1-3% of these picks, on every qwen2.5-7b and -14b
     layer shape at M = 1..16): wide outputs stream 32-64 rows per program over the whole K; narrow outputs
     (a 3584-5120 hidden size) with a long K split it 4 ways so that enough programs stream at once.
-    1-byte (fp8 / int8) weights reach only 2.1-2.6 TB/s, and narrower tiles with more K splits win. Not the
-    conversion to the activation dtype limits them: a CUDA-core variant without tensor cores or shared
-    memory is no faster (benchmarks/row_gemv_sweep.py, BENCHMARKS.md).
+    1-byte (fp8 / int8) weights against 16-bit activations: in CUDA graphs the LM head streams 4.06 TB/s
+    in int8 and 3.29 in fp8 at the same launch shape (benchmarks/b1_gemv_graph_sweep.py), so fp8's
+    conversion to bf16 (through fp16) does cost there; a CUDA-core variant without tensor cores or
+    shared memory was no faster (benchmarks/row_gemv_sweep.py, BENCHMARKS.md).
     """
     if codes:  # 8-bit codes times 8-bit activation codes (benchmarks/w8a8_gemv_sweep.py, M = 1): 64 x 256
         # tiles, three stages, within 2% of the best of 12-36 launch shapes on every 7b layer (fp8 and int8)

@@ -229,7 +229,8 @@ GEMV_SHAPES = [(96, 512), (40, 1100)] if INTERPRET else SHAPES
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_gemv_on_8bit_weights(qdtype, n, k, m):
     """The skinny GEMM on 8-bit codes with per-channel scales (W8A16): default and forced split-K launch
-    shapes, bias, a second call (the split-K counters reset themselves)."""
+    shapes (64 x 128 unsplit: the LM head's default), bias, a second call (the split-K counters reset
+    themselves)."""
     from qwick.kernels.gemv import GemvConfig, default_config, gemv
     from qwick.quantization.w8a8 import quantize_weight_per_channel
 
@@ -242,7 +243,7 @@ def test_gemv_on_8bit_weights(qdtype, n, k, m):
     wq, wscale = quantize_weight_per_channel(torch.randn(n, k, generator=gen, device=dev), qdtype)
     bias = torch.randn(n, generator=gen, device=dev).to(x_dtype)
     default = default_config(m, n, k, ws.num_sms, w_bytes=1)
-    for cfg in (default, GemvConfig(16, 128, 1), GemvConfig(32, 256, 4)):
+    for cfg in (default, GemvConfig(16, 128, 1), GemvConfig(32, 256, 4), GemvConfig(64, 128, 1)):
         for _ in range(2):
             x = torch.randn(m, k, generator=gen, device=dev).to(x_dtype)
             y = gemv(x, wq, bias, ws, cfg, weight_scale=wscale)
