@@ -751,8 +751,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     ;;
   pdl)  # programmatic dependent launch (qwick.kernels.pdl, on by default on sm_90+): that the kernels carry
     # griddepcontrol, the GEMV / norm / SiLU / attention GPU tests with it, then batch 1 in fp8 and bf16
-    # with it and without (QWICK_PDL=0), and fp8 with no preloaded weight tiles; pdl2: the same A/B again,
-    # and fp8 with 1 / 4 preloaded tiles
+    # with it and without (QWICK_PDL=0) (pdl2 alone: the batch-1 runs, COMBOS picks them)
     TRITON_KERNEL_DUMP=1 TRITON_DUMP_DIR="$OUT/dump" timeout 200 python -m pytest -q -m gpu -p no:cacheprovider \
       tests/kernels/test_gemv.py tests/kernels/test_elementwise.py tests/layers/test_triton_attention.py 2>&1 \
       | tail -3
@@ -760,18 +759,15 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       "of $(find "$OUT/dump" -name '*.ptx' | wc -l)"
     rm -rf "$OUT/dump"
     ;&
-  pdl2)
+  pdl2)  # batch 1 per COMBOS entry quant:pdl:preload (quant none = bf16; pdl 0 = QWICK_PDL=0)
     PRE="import sys, dataclasses; import qwick.kernels.gemv as G; f = G.default_config; P = int(sys.argv.pop(1)); \
 G.default_config = lambda *a, **k: dataclasses.replace(f(*a, **k), preload=P); \
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    for q in fp8 none; do
+    for c in ${COMBOS:-fp8:1:2 fp8:0:0 none:1:2 none:0:0}; do
+      IFS=: read -r q p n <<<"$c"
       Q=$([ $q = none ] || echo "--quantization $q")
-      run "${q}_pdl" $LAT --shape qwen2.5-7b $SHORT $Q --output-json "$OUT/lat_${q}_pdl.json"
-      QWICK_PDL=0 run "${q}_nopdl" $LAT --shape qwen2.5-7b $SHORT $Q --output-json "$OUT/lat_${q}_nopdl.json"
-    done
-    for p in ${PRELOADS:-0}; do
-      run "fp8_preload$p" python -c "$PRE" "$p" ${LAT#python -m qwick.entrypoints.cli } --shape qwen2.5-7b $SHORT \
-        --quantization fp8 --output-json "$OUT/lat_fp8_preload$p.json"
+      QWICK_PDL=$p run "${q}_pdl${p}_pre$n" python -c "$PRE" "$n" ${LAT#python -m qwick.entrypoints.cli } \
+        --shape qwen2.5-7b $SHORT $Q --output-json "$OUT/lat_${q}_pdl${p}_pre$n.json"
     done
     ;;
   int4diag)

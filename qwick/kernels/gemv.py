@@ -73,32 +73,33 @@ def _gemv_kernel(
     k_loop = k_start
     if PRELOAD > 0:
         # Weights are never written: the split's first tiles load before waiting on the kernel before.
-        w0 = _preloaded_tile(w_rows, k_start + rk, k_end, n_ok)
+        w0 = _preloaded_tile(w_rows, k_start, rk, k_end, n_ok, EVEN_K)
         if PRELOAD > 1:
-            w1 = _preloaded_tile(w_rows, k_start + BLOCK_K + rk, k_end, n_ok)
+            w1 = _preloaded_tile(w_rows, k_start + BLOCK_K, rk, k_end, n_ok, EVEN_K)
         if PRELOAD > 2:
-            w2 = _preloaded_tile(w_rows, k_start + 2 * BLOCK_K + rk, k_end, n_ok)
+            w2 = _preloaded_tile(w_rows, k_start + 2 * BLOCK_K, rk, k_end, n_ok, EVEN_K)
         if PRELOAD > 3:
-            w3 = _preloaded_tile(w_rows, k_start + 3 * BLOCK_K + rk, k_end, n_ok)
+            w3 = _preloaded_tile(w_rows, k_start + 3 * BLOCK_K, rk, k_end, n_ok, EVEN_K)
         if PDL:
             pdl_wait()
+        k0 = k_start
         acc = _preloaded_acc(
-            acc, w0, x_rows, xs_ptr, rm, stride_xs, k_start, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT
+            acc, w0, x_rows, xs_ptr, rm, stride_xs, k0, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT, EVEN_K
         )
         if PRELOAD > 1:
             k1 = k_start + BLOCK_K
             acc = _preloaded_acc(
-                acc, w1, x_rows, xs_ptr, rm, stride_xs, k1, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT
+                acc, w1, x_rows, xs_ptr, rm, stride_xs, k1, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT, EVEN_K
             )
         if PRELOAD > 2:
             k2 = k_start + 2 * BLOCK_K
             acc = _preloaded_acc(
-                acc, w2, x_rows, xs_ptr, rm, stride_xs, k2, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT
+                acc, w2, x_rows, xs_ptr, rm, stride_xs, k2, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT, EVEN_K
             )
         if PRELOAD > 3:
             k3 = k_start + 3 * BLOCK_K
             acc = _preloaded_acc(
-                acc, w3, x_rows, xs_ptr, rm, stride_xs, k3, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT
+                acc, w3, x_rows, xs_ptr, rm, stride_xs, k3, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT, EVEN_K
             )
         k_loop = k_start + PRELOAD * BLOCK_K
     elif PDL:
@@ -162,22 +163,31 @@ def _tile_acc(
 
 
 @triton.jit
-def _preloaded_tile(w_rows, kk, k_end, n_ok):
-    """A weight tile loaded before `pdl_wait`, at columns `kk` (zero past the split's end `k_end`)."""
+def _preloaded_tile(w_rows, k, rk, k_end, n_ok, EVEN_K: tl.constexpr):
+    """The weight tile at column `k`, loaded before `pdl_wait`; zero past the split's end `k_end`. With
+    EVEN_K the split holds whole tiles, so the tile is in or out as a whole: a mask constant along K keeps
+    the loads vectorized (a mask per column would make them byte loads)."""
+    kk = k + rk
+    if EVEN_K:
+        tile_ok = n_ok & (k + 0 * n_ok.to(tl.int32) < k_end)  # per row: the interpreter cannot & a scalar
+        return tl.load(w_rows + kk[None, :], mask=tile_ok[:, None], other=0.0)
     return tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < k_end)[None, :], other=0.0)
 
 
 @triton.jit
 def _preloaded_acc(
     acc, w, x_rows, xs_ptr, rm, stride_xs, k, rk, k_end, m_ok,
-    X_CODES: tl.constexpr, X_GROUP: tl.constexpr, INT_DOT: tl.constexpr,
+    X_CODES: tl.constexpr, X_GROUP: tl.constexpr, INT_DOT: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     """`_tile_acc` for a preloaded weight tile at column `k`, which may lie past the split's end (then the
     tile is zero and nothing else is read there)."""
     kk = k + rk
-    x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < k_end)[None, :], other=0.0)
-    xs_ok = m_ok & (k + rm * 0 < k_end)  # no group scale is read past the split's end
-    return _tile_acc(acc, w, x, xs_ptr, rm, stride_xs, k, xs_ok, X_CODES, X_GROUP, INT_DOT)
+    row_ok = m_ok & (k + rm * 0 < k_end)  # nothing is read past the split's end
+    if EVEN_K:
+        x = tl.load(x_rows + kk[None, :], mask=row_ok[:, None], other=0.0)
+    else:
+        x = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & (kk < k_end)[None, :], other=0.0)
+    return _tile_acc(acc, w, x, xs_ptr, rm, stride_xs, k, row_ok, X_CODES, X_GROUP, INT_DOT)
 
 
 @triton.jit
