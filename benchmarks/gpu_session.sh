@@ -77,8 +77,6 @@
 #   bash benchmarks/gpu_session.sh graphrows4  # with 4 rows the default: tests, batch 1 with 4 and 1 rows
 #   bash benchmarks/gpu_session.sh roundto   # rotary products rounded in PTX: exactness tests, fp8 graphs
 #                                            # (the fused decode write on, the default, and off)
-#   bash benchmarks/gpu_session.sh pdl       # programmatic dependent launch: its GPU tests, batch 1 with it
-#                                            # and without, and with 0 / 1 / 4 preloaded GEMV weight tiles
 #   bash benchmarks/gpu_session.sh int4ttft  # int4 short-prompt TTFT, 65-128 rows tiled or not (one process)
 #   PART=1|2 bash benchmarks/gpu_session.sh int4pipe_e2e  # the pipelined tiled kernel at 2-128 rows:
 #                                            # tests, 8-128 concurrent requests with it and without
@@ -748,27 +746,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run b1_int4 $CLI $B1 --output-json "$OUT/b1_int4.json"
     run b1_int4_off python -c "$OFF" $B1 --output-json "$OUT/b1_int4_off.json"
     run b1_bf16 $CLI bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --output-json "$OUT/b1_bf16.json"
-    ;;
-  pdl)  # programmatic dependent launch (qwick.kernels.pdl, on by default on sm_90+): that the kernels carry
-    # griddepcontrol, the GEMV / norm / SiLU / attention GPU tests with it, then batch 1 in fp8 and bf16
-    # with it and without (QWICK_PDL=0) (pdl2 alone: the batch-1 runs, COMBOS picks them)
-    TRITON_KERNEL_DUMP=1 TRITON_DUMP_DIR="$OUT/dump" timeout 200 python -m pytest -q -m gpu -p no:cacheprovider \
-      tests/kernels/test_gemv.py tests/kernels/test_elementwise.py tests/layers/test_triton_attention.py 2>&1 \
-      | tail -3
-    echo "PTX with griddepcontrol.wait: $(grep -rl 'griddepcontrol.wait' "$OUT/dump" --include='*.ptx' | wc -l)" \
-      "of $(find "$OUT/dump" -name '*.ptx' | wc -l)"
-    rm -rf "$OUT/dump"
-    ;&
-  pdl2)  # batch 1 per COMBOS entry quant:pdl:preload (quant none = bf16; pdl 0 = QWICK_PDL=0)
-    PRE="import sys, dataclasses; import qwick.kernels.gemv as G; f = G.default_config; P = int(sys.argv.pop(1)); \
-G.default_config = lambda *a, **k: dataclasses.replace(f(*a, **k), preload=P); \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    for c in ${COMBOS:-fp8:1:2 fp8:0:0 none:1:2 none:0:0}; do
-      IFS=: read -r q p n <<<"$c"
-      Q=$([ $q = none ] || echo "--quantization $q")
-      QWICK_PDL=$p run "${q}_pdl${p}_pre$n" python -c "$PRE" "$n" ${LAT#python -m qwick.entrypoints.cli } \
-        --shape qwen2.5-7b $SHORT $Q --output-json "$OUT/lat_${q}_pdl${p}_pre$n.json"
-    done
     ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"

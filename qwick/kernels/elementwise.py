@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 
 from qwick.kernels.half2 import _EMULATE
-from qwick.kernels.pdl import pdl_launch, pdl_trigger, pdl_wait
 from qwick.kernels.w8a8 import codes_of, inv_qmax
 from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
 
@@ -54,15 +53,10 @@ def _rms_norm_kernel(
     PAIRS: tl.constexpr,
     INV_DIV: tl.constexpr,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if PDL:  # qwick.kernels.pdl: the next kernel may launch; the norm weight is never written
-        pdl_trigger()
-        pdl_wait()
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
@@ -71,6 +65,7 @@ def _rms_norm_kernel(
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = (w * normed).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
     if QUANT:  # the row's codes and scale, as `quantize_rows` would make them from `out`
@@ -160,7 +155,6 @@ def rms_norm(
     if rows > 0:
         block = triton.next_power_of_2(n)
         res = residual if residual is not None else x
-        pdl = pdl_launch(x.device)
         _rms_norm_kernel[(rows,)](
             x,
             res,
@@ -180,8 +174,6 @@ def rms_norm(
             QUANT=quant is not None,
             BLOCK=block,
             num_warps=num_warps or _norm_warps(block, rows, quant is not None),
-            PDL=pdl,
-            launch_pdl=pdl,
             **meta,
             **pair_meta,
         )
@@ -352,11 +344,7 @@ def _silu_and_mul_kernel(
     PAIRS: tl.constexpr,
     INV_DIV: tl.constexpr,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
-    if PDL:
-        pdl_trigger()
-        pdl_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -399,7 +387,6 @@ def _silu_and_mul_quant_kernel(
     IS_INT: tl.constexpr,
     BLOCK: tl.constexpr,
     TILES: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
     """One program per row: silu(gate) * up as `_silu_and_mul_kernel` computes it, then the row's codes
     and scale from the rounded output.
@@ -409,9 +396,6 @@ def _silu_and_mul_quant_kernel(
     a loop over the steps, and a second one reading the row back from where the first wrote it, each step
     waiting on memory after the one before. (A whole row as one power-of-two block, 32768 for 18944
     columns, spilled.) The codes are the same either way, bit for bit."""
-    if PDL:
-        pdl_trigger()
-        pdl_wait()
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     out_row = out_ptr + row * stride_out
@@ -490,14 +474,10 @@ def _silu_and_mul_group_quant_kernel(
     MIN_AMAX: tl.constexpr,
     IS_INT: tl.constexpr,
     GROUP: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
     """One program per row and group of GROUP columns: silu(gate) * up, the group's scale from the rounded
     outputs and their codes, all from registers. No row-wide reduction, so a few rows spread over many
     programs (a decode step's one row over 37 at 7b's 18944 columns and groups of 512)."""
-    if PDL:
-        pdl_trigger()
-        pdl_wait()
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     cols = g * GROUP + tl.arange(0, GROUP)
@@ -530,14 +510,13 @@ def silu_and_mul_quant(
     rows, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     codes, scales, meta = _row_codes(out, quant)
-    pdl = pdl_launch(x.device)
     if rows > 0 and quant.group is not None:
         group = quant.group
         if group & (group - 1):
             raise ValueError(f"SiLU-and-mul writes codes in groups of a power of two, not {group}")
         _silu_and_mul_group_quant_kernel[(rows, triton.cdiv(n, group))](
             x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), scales.stride(0), n,
-            GROUP=group, num_warps=max(min(group // 256, 8), 1), PDL=pdl, launch_pdl=pdl, **meta,
+            GROUP=group, num_warps=max(min(group // 256, 8), 1), **meta,
         )  # fmt: skip
     elif rows > 0:
         tiles = triton.cdiv(n, block)
@@ -547,8 +526,7 @@ def silu_and_mul_quant(
             raise ValueError(f"{n} columns are {tiles} steps of {block}: more than {MAX_REGISTER_TILES}")
         _silu_and_mul_quant_kernel[(rows,)](
             x, out, codes, scales, x.stride(0), out.stride(0), codes.stride(0), n, BLOCK=block,
-            TILES=tiles if in_registers else 0, num_warps=num_warps or silu_quant_warps(rows), PDL=pdl,
-            launch_pdl=pdl, **meta,
+            TILES=tiles if in_registers else 0, num_warps=num_warps or silu_quant_warps(rows), **meta,
         )  # fmt: skip
     return QuantizedRows(out, codes, scales, quant.group)
 
@@ -567,9 +545,8 @@ def silu_and_mul(
     pairs, pair_meta = _pairs_buffer(out, quant)
     if rows > 0:
         block = min(triton.next_power_of_2(n), 2048)
-        pdl = pdl_launch(x.device)
         _silu_and_mul_kernel[(rows, triton.cdiv(n, block))](
             x, out, pairs, x.stride(0), out.stride(0), pairs.stride(0), n, BLOCK=block, num_warps=4,
-            PDL=pdl, launch_pdl=pdl, **pair_meta,
+            **pair_meta,
         )  # fmt: skip
     return out if quant is None else PairedRows(out, pairs)

@@ -20,8 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.pdl import pdl_launch, pdl_trigger, pdl_wait
-
 MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
 
 
@@ -52,8 +50,6 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
-    PDL: tl.constexpr = False,
-    PRELOAD: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -68,45 +64,18 @@ def _gemv_kernel(
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rm[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT and X_GROUP == 0 else tl.float32)
-    if PDL:  # launched before the kernel before ends (qwick.kernels.pdl)
-        pdl_trigger()
-    k_loop = k_start
-    if PRELOAD > 0:
-        # Weights are never written: the split's first tiles load before waiting on the kernel before.
-        w0 = _preloaded_tile(w_rows, k_start, rk, k_end, n_ok, EVEN_K)
-        if PRELOAD > 1:
-            w1 = _preloaded_tile(w_rows, k_start + BLOCK_K, rk, k_end, n_ok, EVEN_K)
-        if PRELOAD > 2:
-            w2 = _preloaded_tile(w_rows, k_start + 2 * BLOCK_K, rk, k_end, n_ok, EVEN_K)
-        if PRELOAD > 3:
-            w3 = _preloaded_tile(w_rows, k_start + 3 * BLOCK_K, rk, k_end, n_ok, EVEN_K)
-        if PDL:
-            pdl_wait()
-        k0 = k_start
-        acc = _preloaded_acc(
-            acc, w0, x_rows, xs_ptr, rm, stride_xs, k0, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT, EVEN_K
-        )
-        if PRELOAD > 1:
-            k1 = k_start + BLOCK_K
-            acc = _preloaded_acc(
-                acc, w1, x_rows, xs_ptr, rm, stride_xs, k1, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT, EVEN_K
-            )
-        if PRELOAD > 2:
-            k2 = k_start + 2 * BLOCK_K
-            acc = _preloaded_acc(
-                acc, w2, x_rows, xs_ptr, rm, stride_xs, k2, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT, EVEN_K
-            )
-        if PRELOAD > 3:
-            k3 = k_start + 3 * BLOCK_K
-            acc = _preloaded_acc(
-                acc, w3, x_rows, xs_ptr, rm, stride_xs, k3, rk, k_end, m_ok, X_CODES, X_GROUP, INT_DOT, EVEN_K
-            )
-        k_loop = k_start + PRELOAD * BLOCK_K
-    elif PDL:
-        pdl_wait()
-    for k in range(k_loop, k_end, BLOCK_K):
+    for k in range(k_start, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
-        acc = _tile_acc(acc, w, x, xs_ptr, rm, stride_xs, k, m_ok, X_CODES, X_GROUP, INT_DOT)
+        if X_CODES and X_GROUP > 0:  # W8A8 with a scale per X_GROUP columns: scale each tile's sums
+            part = tl.dot(x, tl.trans(w), out_dtype=tl.int32 if INT_DOT else tl.float32)
+            xs = tl.load(xs_ptr + rm * stride_xs + k // X_GROUP, mask=m_ok, other=0.0)
+            acc += part.to(tl.float32) * xs[:, None]
+        elif X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
+            acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
+        else:
+            # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
+            # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     acc = acc.to(tl.float32)
     if HAS_SCALE:  # per-output-channel scales of 8-bit weights
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
@@ -131,63 +100,6 @@ def _gemv_kernel(
         BLOCK_M,
         BLOCK_N,
     )
-
-
-@triton.jit
-def _tile_acc(
-    acc,
-    w,
-    x,
-    xs_ptr,
-    rm,
-    stride_xs,
-    k,
-    m_ok,
-    X_CODES: tl.constexpr,
-    X_GROUP: tl.constexpr,
-    INT_DOT: tl.constexpr,
-):
-    """acc + the products of one [BLOCK_M, BLOCK_K] activation tile and [BLOCK_N, BLOCK_K] weight tile at
-    column `k`."""
-    if X_CODES and X_GROUP > 0:  # W8A8 with a scale per X_GROUP columns: scale each tile's sums
-        part = tl.dot(x, tl.trans(w), out_dtype=tl.int32 if INT_DOT else tl.float32)
-        xs = tl.load(xs_ptr + rm * stride_xs + k // X_GROUP, mask=m_ok, other=0.0)
-        acc += part.to(tl.float32) * xs[:, None]
-    elif X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
-        acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
-    else:
-        # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
-        # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-    return acc
-
-
-@triton.jit
-def _preloaded_tile(w_rows, k, rk, k_end, n_ok, EVEN_K: tl.constexpr):
-    """The weight tile at column `k`, loaded before `pdl_wait`; zero past the split's end `k_end`. With
-    EVEN_K the split holds whole tiles, so the tile is in or out as a whole: a mask constant along K keeps
-    the loads vectorized (a mask per column would make them byte loads)."""
-    kk = k + rk
-    if EVEN_K:
-        tile_ok = n_ok & (k + 0 * n_ok.to(tl.int32) < k_end)  # per row: the interpreter cannot & a scalar
-        return tl.load(w_rows + kk[None, :], mask=tile_ok[:, None], other=0.0)
-    return tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < k_end)[None, :], other=0.0)
-
-
-@triton.jit
-def _preloaded_acc(
-    acc, w, x_rows, xs_ptr, rm, stride_xs, k, rk, k_end, m_ok,
-    X_CODES: tl.constexpr, X_GROUP: tl.constexpr, INT_DOT: tl.constexpr, EVEN_K: tl.constexpr,
-):  # fmt: skip
-    """`_tile_acc` for a preloaded weight tile at column `k`, which may lie past the split's end (then the
-    tile is zero and nothing else is read there)."""
-    kk = k + rk
-    row_ok = m_ok & (k + rm * 0 < k_end)  # nothing is read past the split's end
-    if EVEN_K:
-        x = tl.load(x_rows + kk[None, :], mask=row_ok[:, None], other=0.0)
-    else:
-        x = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & (kk < k_end)[None, :], other=0.0)
-    return _tile_acc(acc, w, x, xs_ptr, rm, stride_xs, k, row_ok, X_CODES, X_GROUP, INT_DOT)
 
 
 @triton.jit
@@ -298,9 +210,6 @@ class GemvConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
-    # Weight tiles (0-4) each program loads first, before it waits on the kernel before (with PDL) and
-    # before its software-pipelined loop over the rest.
-    preload: int = 2
 
 
 def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2, codes: bool = False) -> GemvConfig:
@@ -433,7 +342,6 @@ def gemv(
     tiles = triton.cdiv(n, cfg.block_n)
     ws.check(cfg.split_k, MAX_M, n, tiles, cfg)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    pdl = pdl_launch(x.device)
     _gemv_kernel[(tiles, cfg.split_k)](
         x,
         weight,
@@ -460,10 +368,7 @@ def gemv(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=k % k_per_split == 0 and k_per_split % cfg.block_k == 0,
-        PDL=pdl,
-        PRELOAD=min(cfg.preload, k_per_split // cfg.block_k),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        launch_pdl=pdl,
     )
     return y

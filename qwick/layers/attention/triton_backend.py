@@ -16,7 +16,6 @@ import torch
 import triton
 
 from qwick.device_upload import to_device
-from qwick.kernels.pdl import pdl_launch
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
@@ -431,7 +430,6 @@ class TritonAttentionBackend(AttentionBackend):
         cfg = self._decode_cfg(head_dim, q.element_size(), is_fp8_kv(kv_cache.dtype), plan.num_decode)
         d_pad = _pow2(head_dim, 16)
         grid = (num_kv_heads, plan.num_decode) if self.longest_first else (plan.num_decode, num_kv_heads)
-        pdl = pdl_launch(q.device)
         decode_kernel[(*grid, splits)](
             q,
             kv_cache[0],
@@ -471,8 +469,6 @@ class TritonAttentionBackend(AttentionBackend):
             F16_DOT=is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
             HEADS_FIRST=self.longest_first,
             FUSED_WRITE=write is not None,
-            PDL=pdl,
-            launch_pdl=pdl,
             **cfg,
         )
         if splits > 1:
@@ -497,8 +493,6 @@ class TritonAttentionBackend(AttentionBackend):
                 S_PAD=s_pad,
                 S_CHUNK=min(s_pad, 64),
                 num_warps=4,
-                PDL=pdl,
-                launch_pdl=pdl,
             )
 
     @staticmethod

@@ -44,7 +44,6 @@ import triton.language as tl
 
 from qwick.kernels.elementwise import rope_tables, rotate_halves, rotate_tile
 from qwick.kernels.half2 import quarter_byte_f16
-from qwick.kernels.pdl import pdl_trigger, pdl_wait
 
 # A finite "minus infinity" for running maxima and the decode kernel's (already scaled) masked scores: a
 # fully masked tile then yields exp2(0) garbage that the next real maximum wipes out (alpha = 0), instead
@@ -235,7 +234,6 @@ def decode_kernel(
     F16_DOT: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
     FUSED_WRITE: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
     """Flash-decoding over one split of a row's context for one kv head's query group. With FUSED_WRITE
     (q, k, v the step's unrotated projections; `write_kv_rope`'s work done here): the queries are rotated
@@ -248,14 +246,9 @@ def decode_kernel(
         i = tl.program_id(0)
         kvh = tl.program_id(1)
     split = tl.program_id(2)
-    if PDL:
-        pdl_trigger()
-    # The step's metadata comes from host uploads before its first kernel: safe to read before `pdl_wait`.
     row = tl.load(rows_ptr + i)
     seq_len = tl.load(seq_lens_ptr + row)
     tok = tl.load(query_start_ptr + row).to(tl.int64)
-    if PDL:
-        pdl_wait()
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
@@ -353,17 +346,12 @@ def decode_reduce_kernel(
     D_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
     S_CHUNK: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
     """out = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse); empty splits have lse = -inf."""
     i = tl.program_id(0)
     h = tl.program_id(1)
-    if PDL:  # as in `decode_kernel`
-        pdl_trigger()
     row = tl.load(rows_ptr + i)
     tok = tl.load(query_start_ptr + row).to(tl.int64)
-    if PDL:
-        pdl_wait()
     lse_row = mid_lse_ptr + i * stride_ml_r + h * stride_ml_h
     s = tl.arange(0, S_PAD)
     lse = tl.load(lse_row + s, mask=s < num_splits, other=float("-inf"))
