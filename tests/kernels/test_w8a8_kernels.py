@@ -185,8 +185,9 @@ def test_gpu_fast_accumulation_only_for_short_sums(monkeypatch):
     monkeypatch.setattr(
         torch, "_scaled_mm", lambda *a, **kw: seen.append(kw["use_fast_accum"]) or real(*a, **kw)
     )
+    m = W8A8LinearMethod.rowwise_max_m + 1  # above the mid-M rows that the split-K Triton GEMM takes
     for n, k in (SHAPES[0], SHAPES[3]):
-        _layer("fp8", n, k, device)(torch.randn(256, k, device=device, dtype=torch.bfloat16))  # not mid-M
+        _layer("fp8", n, k, device)(torch.randn(m, k, device=device, dtype=torch.bfloat16))
     assert W8A8LinearMethod.fast_accum_max_k < SHAPES[3][1] and seen == [True, False]
 
 
