@@ -1,0 +1,275 @@
+"""Batch-1 skinny GEMMs that make their own input: RMSNorm (with the residual add) before QKV and gate/up,
+SiLU-and-mul before the down projection, each inside the GEMV that reads it.
+
+At one row those elementwise kernels move a few kilobytes but cost 1.7-3.1 us each inside the decode
+graph (launch, ramp and drain; 225 us of a 2.7 ms fp8 step at qwen2.5-7b shapes, BENCHMARKS.md). Fused,
+every GEMV program computes the part of the input its K range needs, from the few kilobytes the previous
+kernel left in the L2, next to its weight tiles:
+
+- `norm_gemv`: each program first reads the whole row (x + residual, and the norm weight) for the row's
+  statistics (the RMS, and with activation codes the absmax of the normalized row, i.e. the per-token
+  scale), then recomputes the normalized values of each K tile in its loop. The codes are the ones the
+  RMSNorm kernel would write. One program also stores `x + residual`, the next residual, in a new buffer
+  (the others are still reading the old one).
+- `silu_gemv`: SiLU-and-mul per K tile; with activation codes, one scale per tile (BLOCK_K columns), the
+  tile's sums scaled by it, as the down projection's grouped codes are.
+
+One row only (M = 1): the activation tile is a vector, broadcast into the 16-row operand of `tl.dot`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from qwick.kernels.elementwise import _silu_mul
+from qwick.kernels.gemv import MAX_M, GemvConfig, GemvWorkspace, split_k_epilogue
+from qwick.kernels.w8a8 import codes_of, inv_qmax
+from qwick.layers.linear import RowQuant
+
+
+@triton.jit
+def _residual_sum(x_ptr, res_ptr, cols, mask, HAS_RESIDUAL: tl.constexpr):
+    """x (+ residual) at `cols`, rounded to x's dtype as `x + residual` is."""
+    h = tl.load(x_ptr + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + cols, mask=mask, other=0.0)
+        h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
+    return h
+
+
+@triton.jit
+def _normed(h, rstd, g_ptr, cols, mask):
+    """RMSNorm's output at `cols` (fp32 holding values of h's dtype), rounded as transformers rounds."""
+    g = tl.load(g_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return (g * (h.to(tl.float32) * rstd).to(h.dtype).to(tl.float32)).to(h.dtype).to(tl.float32)
+
+
+@triton.jit
+def _row_operand(v, rm, dtype: tl.constexpr):
+    """The vector v [BLOCK_K] as row 0 of a [BLOCK_M, BLOCK_K] `tl.dot` operand of `dtype`, zeros below."""
+    return tl.where((rm == 0)[:, None], v[None, :], 0.0).to(dtype)
+
+
+@triton.jit(do_not_specialize=["eps"])
+def _norm_gemv_kernel(
+    x_ptr,
+    res_ptr,
+    g_ptr,
+    res_out_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    counter_ptr,
+    N,
+    K,
+    stride_wn,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    CODES: tl.constexpr,
+    QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # The row's statistics, from the whole row (K <= ROW_BLOCK).
+    cols = tl.arange(0, ROW_BLOCK)
+    cmask = cols < K
+    h = _residual_sum(x_ptr, res_ptr, cols, cmask, HAS_RESIDUAL)
+    if HAS_RESIDUAL:  # the first program hands on x + residual
+        tl.store(res_out_ptr + cols, h, mask=cmask & (pid_n == 0) & (pid_k == 0))
+    hf = h.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(hf * hf, axis=0) / K + eps)
+    scale = 1.0
+    if CODES:
+        scale = tl.maximum(tl.max(tl.abs(_normed(h, rstd, g_ptr, cols, cmask)), axis=0), MIN_AMAX) * INV_QMAX
+
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if CODES and IS_INT else tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        kk = k + rk
+        k_ok = kk < k_end
+        w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        y = _normed(_residual_sum(x_ptr, res_ptr, kk, k_ok, HAS_RESIDUAL), rstd, g_ptr, kk, k_ok)
+        if CODES:  # codes times codes, as the W8A8 GEMV multiplies the RMSNorm kernel's codes
+            a = _row_operand(codes_of(y, scale, QMAX, IS_INT), rm, w.dtype)
+            acc = tl.dot(a, tl.trans(w), acc, out_dtype=acc.dtype)
+        else:
+            a = _row_operand(y, rm, x_ptr.dtype.element_ty)
+            acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
+    acc = acc.to(tl.float32)
+    if HAS_SCALE:
+        acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    if CODES:
+        acc *= scale
+    split_k_epilogue(
+        acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rm, rn, rm < 1, n_ok, pid_n, pid_k, N, N,
+        HAS_BIAS, SPLIT_K, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+
+
+@triton.jit
+def _silu_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    counter_ptr,
+    N,
+    K,
+    stride_wn,
+    HAS_SCALE: tl.constexpr,
+    CODES: tl.constexpr,
+    QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        kk = k + rk
+        k_ok = kk < k_end
+        w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        y = _silu_mul(x_ptr, kk, k_ok, K).to(tl.float32)  # 0 where masked
+        if CODES:  # one scale per tile, as the grouped codes of SiLU-and-mul (groups of BLOCK_K)
+            tile_scale = tl.maximum(tl.max(tl.abs(y), axis=0), MIN_AMAX) * INV_QMAX
+            a = _row_operand(codes_of(y, tile_scale, QMAX, IS_INT), rm, w.dtype)
+            part = tl.dot(a, tl.trans(w), out_dtype=tl.int32 if IS_INT else tl.float32)
+            acc += part.to(tl.float32) * tile_scale
+        else:
+            a = _row_operand(y, rm, x_ptr.dtype.element_ty)
+            acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
+    if HAS_SCALE:
+        acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    split_k_epilogue(
+        acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rm, rn, rm < 1, n_ok, pid_n, pid_k, N, N,
+        HAS_BIAS, SPLIT_K, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+
+
+def _quant_meta(quant: RowQuant | None) -> dict:
+    if quant is None:
+        return {"CODES": False, "QMAX": 0.0, "INV_QMAX": 0.0, "MIN_AMAX": 0.0, "IS_INT": False}
+    return {
+        "CODES": True,
+        "QMAX": quant.qmax,
+        "INV_QMAX": inv_qmax(quant.qmax),
+        "MIN_AMAX": quant.min_amax,
+        "IS_INT": not quant.dtype.is_floating_point,
+    }
+
+
+def _check(x: torch.Tensor, k: int, weight: torch.Tensor, weight_scale, quant: RowQuant | None) -> None:
+    assert x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1, "one row, unit stride"
+    assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1
+    if quant is not None:
+        assert weight.dtype == quant.dtype and weight_scale is not None, "codes need 8-bit weights and scales"
+        assert quant.group is None, "per-row codes only"
+    else:
+        assert (weight_scale is None) == (weight.dtype == x.dtype), "8-bit weights need their scales"
+    assert weight_scale is None or weight_scale.numel() == weight.shape[0]
+
+
+def _config(ws: GemvWorkspace, n: int, k: int, weight: torch.Tensor, quant, config) -> GemvConfig:
+    cfg = config or ws.config_for(1, n, k, weight.element_size(), quant is not None)
+    ws.check(cfg.split_k, MAX_M, n, triton.cdiv(n, cfg.block_n), cfg)
+    return cfg
+
+
+def norm_gemv(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    ws: GemvWorkspace,
+    weight_scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    quant: RowQuant | None = None,
+    config: GemvConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(norm(h) @ W.T + b, h)` for one row, h = x + residual (x itself without one), in one launch.
+
+    W: [N, K] in x's dtype, or 8-bit codes with `weight_scale` (per output channel): W8A16, or with
+    `quant` (the projection's per-row `RowQuant`) codes times the normalized row's codes (W8A8). The
+    second result is h in a new tensor (x itself without a residual)."""
+    k = x.shape[1]
+    _check(x, k, weight, weight_scale, quant)
+    n = weight.shape[0]
+    cfg = _config(ws, n, k, weight, quant, config)
+    h = torch.empty_like(x) if residual is not None else x
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _norm_gemv_kernel[(triton.cdiv(n, cfg.block_n), cfg.split_k)](
+        x, residual if residual is not None else x, norm_weight, h, weight,
+        weight_scale if weight_scale is not None else weight, bias if bias is not None else weight,
+        y, ws.partials, ws.counters, n, k, weight.stride(0), eps,
+        HAS_RESIDUAL=residual is not None, HAS_SCALE=weight_scale is not None, HAS_BIAS=bias is not None,
+        SPLIT_K=cfg.split_k, BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        ROW_BLOCK=triton.next_power_of_2(k), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **_quant_meta(quant),
+    )  # fmt: skip
+    return y, h
+
+
+def silu_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    ws: GemvWorkspace,
+    weight_scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    quant: RowQuant | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """`(silu(gate) * up) @ W.T + b` for one row x = [gate | up] ([1, 2K]), in one launch.
+
+    W as in `norm_gemv`; with `quant`, the activations become codes with one scale per BLOCK_K columns of
+    the launch (W8A8, each tile's sums scaled by its own)."""
+    k = x.shape[1] // 2
+    _check(x, k, weight, weight_scale, quant)
+    n = weight.shape[0]
+    cfg = _config(ws, n, k, weight, quant, config)
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _silu_gemv_kernel[(triton.cdiv(n, cfg.block_n), cfg.split_k)](
+        x, weight, weight_scale if weight_scale is not None else weight,
+        bias if bias is not None else weight, y, ws.partials, ws.counters, n, k, weight.stride(0),
+        HAS_SCALE=weight_scale is not None, HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k,
+        BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_quant_meta(quant),
+    )  # fmt: skip
+    return y
