@@ -1,18 +1,20 @@
 """Batch-1 skinny GEMMs that make their own input: RMSNorm (with the residual add) before QKV and gate/up,
 SiLU-and-mul before the down projection, each inside the GEMV that reads it.
 
-At one row those elementwise kernels move a few kilobytes but cost 1.7-3.1 us each inside the decode
-graph (launch, ramp and drain; 225 us of a 2.7 ms fp8 step at qwen2.5-7b shapes, BENCHMARKS.md). Fused,
-every GEMV program computes the part of the input its K range needs, from the few kilobytes the previous
-kernel left in the L2, next to its weight tiles:
+At one row those elementwise kernels move a few kilobytes but cost 2-4 us each inside the decode graph
+(launch, ramp and drain; 225 us of a 2.7 ms fp8 step at qwen2.5-7b shapes, BENCHMARKS.md). Fused, each
+GEMV program computes the part of the input its K tiles need, from the few kilobytes the previous kernel
+left in the L2, beside its weight tiles, with nothing before its loop:
 
-- `norm_gemv`: each program first reads the whole row (x + residual, and the norm weight) for the row's
-  statistics (the RMS, and with activation codes the absmax of the normalized row, i.e. the per-token
-  scale), then recomputes the normalized values of each K tile in its loop. The codes are the ones the
-  RMSNorm kernel would write. One program also stores `x + residual`, the next residual, in a new buffer
-  (the others are still reading the old one).
-- `silu_gemv`: SiLU-and-mul per K tile; with activation codes, one scale per tile (BLOCK_K columns), the
-  tile's sums scaled by it, as the down projection's grouped codes are.
+- `norm_gemv`: norm(h) @ W^T = rstd * ((h * g) @ W^T) for h = x + residual and the norm weight g, so the
+  loop multiplies h * g and sums h^2 over the program's K range; rstd, from every split's sum, scales the
+  result where the splits are reduced. The programs of the first output tile also store h, the next
+  residual, in a new buffer (the others are still reading the old one).
+- `silu_gemv`: SiLU-and-mul per K tile.
+
+With activation codes (W8A8), each K tile's activations become codes at one scale (the tile's absmax over
+qmax) and the tile's sums are scaled by it, as the down projection's grouped codes are (groups of BLOCK_K
+here, of 512 columns there); the RMSNorm kernel's codes have one scale per row instead.
 
 One row only (M = 1): the activation tile is a vector, broadcast into the 16-row operand of `tl.dot`.
 """
@@ -40,16 +42,35 @@ def _residual_sum(x_ptr, res_ptr, cols, mask, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
-def _normed(h, rstd, g_ptr, cols, mask):
-    """RMSNorm's output at `cols` (fp32 holding values of h's dtype), rounded as transformers rounds."""
-    g = tl.load(g_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return (g * (h.to(tl.float32) * rstd).to(h.dtype).to(tl.float32)).to(h.dtype).to(tl.float32)
+def _row_operand(v, BLOCK_M: tl.constexpr, dtype: tl.constexpr):
+    """The vector v [BLOCK_K] as every row of a [BLOCK_M, BLOCK_K] `tl.dot` operand of `dtype`: only the
+    first row of the product is stored, and equal rows cost no selects."""
+    return tl.broadcast_to(v.to(dtype)[None, :], (BLOCK_M, v.shape[0]))
 
 
 @triton.jit
-def _row_operand(v, rm, dtype: tl.constexpr):
-    """The vector v [BLOCK_K] as row 0 of a [BLOCK_M, BLOCK_K] `tl.dot` operand of `dtype`, zeros below."""
-    return tl.where((rm == 0)[:, None], v[None, :], 0.0).to(dtype)
+def _tile_dot(
+    v,
+    w,
+    acc,
+    BLOCK_M: tl.constexpr,
+    CODES: tl.constexpr,
+    QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    x_dtype: tl.constexpr,
+):
+    """acc + v . w^T for the fp32 activations v [BLOCK_K] of one K tile and its weight tile w [BLOCK_N,
+    BLOCK_K]: in x's dtype against 16-bit or (converted) 8-bit weights, or with CODES as codes at one
+    scale for the tile (its absmax over QMAX), codes times codes, the sums scaled by it."""
+    if CODES:
+        tile_scale = tl.maximum(tl.max(tl.abs(v), axis=0), MIN_AMAX) * INV_QMAX
+        a = _row_operand(codes_of(v, tile_scale, QMAX, IS_INT), BLOCK_M, w.dtype)
+        part = tl.dot(a, tl.trans(w), out_dtype=tl.int32 if IS_INT else tl.float32)
+        return acc + part.to(tl.float32) * tile_scale
+    a = _row_operand(v, BLOCK_M, x_dtype)
+    return tl.dot(a, tl.trans(w.to(x_dtype)), acc)
 
 
 @triton.jit(do_not_specialize=["eps"])
@@ -80,22 +101,11 @@ def _norm_gemv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    ROW_BLOCK: tl.constexpr,
 ):
+    """norm(h) @ W^T = rstd * ((h * g) @ W^T): the loop multiplies h * g and sums h^2 over the program's
+    K range; the row's rstd, from every split's sum, scales the result where the splits are reduced."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    # The row's statistics, from the whole row (K <= ROW_BLOCK).
-    cols = tl.arange(0, ROW_BLOCK)
-    cmask = cols < K
-    h = _residual_sum(x_ptr, res_ptr, cols, cmask, HAS_RESIDUAL)
-    if HAS_RESIDUAL:  # the first program hands on x + residual
-        tl.store(res_out_ptr + cols, h, mask=cmask & (pid_n == 0) & (pid_k == 0))
-    hf = h.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(hf * hf, axis=0) / K + eps)
-    scale = 1.0
-    if CODES:
-        scale = tl.maximum(tl.max(tl.abs(_normed(h, rstd, g_ptr, cols, cmask)), axis=0), MIN_AMAX) * INV_QMAX
-
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -104,27 +114,54 @@ def _norm_gemv_kernel(
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if CODES and IS_INT else tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    res_end = tl.where(pid_n == 0, k_end, 0)  # where this program stores x + residual: only in tile 0
     for k in range(k_start, k_end, BLOCK_K):
         kk = k + rk
         k_ok = kk < k_end
         w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        y = _normed(_residual_sum(x_ptr, res_ptr, kk, k_ok, HAS_RESIDUAL), rstd, g_ptr, kk, k_ok)
-        if CODES:  # codes times codes, as the W8A8 GEMV multiplies the RMSNorm kernel's codes
-            a = _row_operand(codes_of(y, scale, QMAX, IS_INT), rm, w.dtype)
-            acc = tl.dot(a, tl.trans(w), acc, out_dtype=acc.dtype)
-        else:
-            a = _row_operand(y, rm, x_ptr.dtype.element_ty)
-            acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
-    acc = acc.to(tl.float32)
+        h = _residual_sum(x_ptr, res_ptr, kk, k_ok, HAS_RESIDUAL)
+        if HAS_RESIDUAL:  # the first output tile's programs hand on x + residual
+            tl.store(res_out_ptr + kk, h, mask=kk < res_end)
+        hf = h.to(tl.float32)
+        squares += hf * hf
+        v = hf * tl.load(g_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        acc = _tile_dot(v, w, acc, BLOCK_M, CODES, QMAX, INV_QMAX, MIN_AMAX, IS_INT, x_ptr.dtype.element_ty)
     if HAS_SCALE:
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    if CODES:
-        acc *= scale
-    split_k_epilogue(
-        acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rm, rn, rm < 1, n_ok, pid_n, pid_k, N, N,
-        HAS_BIAS, SPLIT_K, BLOCK_M, BLOCK_N,
-    )  # fmt: skip
+    sum_sq = tl.sum(squares, axis=0)
+    out_mask = (rm < 1)[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        _store_row(acc * tl.rsqrt(sum_sq / K + eps), b_ptr, y_ptr, rm, rn, n_ok, N, HAS_BIAS)
+    else:
+        # workspace: [SPLIT_K, BLOCK_M, N] partials, then [tiles, SPLIT_K] sums of squares
+        ws_tile = ws_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(ws_tile + pid_k * BLOCK_M * N, acc, mask=out_mask)
+        sq_slots = ws_ptr + SPLIT_K * BLOCK_M * N + pid_n * SPLIT_K
+        tl.store(sq_slots + pid_k, sum_sq)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        done = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT_K - 1:  # the last split of this tile: reduce, scale by the row's rstd, publish
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            row_sq = 0.0
+            for s in range(SPLIT_K):
+                total += tl.load(ws_tile + s * BLOCK_M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+                row_sq += tl.load(sq_slots + s, cache_modifier=".cg")
+            _store_row(total * tl.rsqrt(row_sq / K + eps), b_ptr, y_ptr, rm, rn, n_ok, N, HAS_BIAS)
+            tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _store_row(total, b_ptr, y_ptr, rm, rn, n_ok, N, HAS_BIAS: tl.constexpr):
+    """Row 0 of the [BLOCK_M, BLOCK_N] result (+ bias) to y [1, N] at columns `rn`."""
+    if HAS_BIAS:
+        total += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(
+        y_ptr + rm[:, None] * N + rn[None, :],
+        total.to(y_ptr.dtype.element_ty),
+        mask=(rm < 1)[:, None] & n_ok[None, :],
+    )
 
 
 @triton.jit
@@ -166,15 +203,8 @@ def _silu_gemv_kernel(
         kk = k + rk
         k_ok = kk < k_end
         w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        y = _silu_mul(x_ptr, kk, k_ok, K).to(tl.float32)  # 0 where masked
-        if CODES:  # one scale per tile, as the grouped codes of SiLU-and-mul (groups of BLOCK_K)
-            tile_scale = tl.maximum(tl.max(tl.abs(y), axis=0), MIN_AMAX) * INV_QMAX
-            a = _row_operand(codes_of(y, tile_scale, QMAX, IS_INT), rm, w.dtype)
-            part = tl.dot(a, tl.trans(w), out_dtype=tl.int32 if IS_INT else tl.float32)
-            acc += part.to(tl.float32) * tile_scale
-        else:
-            a = _row_operand(y, rm, x_ptr.dtype.element_ty)
-            acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
+        v = _silu_mul(x_ptr, kk, k_ok, K).to(tl.float32)  # 0 where masked
+        acc = _tile_dot(v, w, acc, BLOCK_M, CODES, QMAX, INV_QMAX, MIN_AMAX, IS_INT, x_ptr.dtype.element_ty)
     if HAS_SCALE:
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
     split_k_epilogue(
@@ -207,8 +237,11 @@ def _check(x: torch.Tensor, k: int, weight: torch.Tensor, weight_scale, quant: R
 
 
 def _config(ws: GemvWorkspace, n: int, k: int, weight: torch.Tensor, quant, config) -> GemvConfig:
+    """The launch shape (the skinny GEMM's for the same product), checked against the workspace, which
+    also holds a sum of squares per tile and split (norm_gemv) after the partials."""
     cfg = config or ws.config_for(1, n, k, weight.element_size(), quant is not None)
-    ws.check(cfg.split_k, MAX_M, n, triton.cdiv(n, cfg.block_n), cfg)
+    tiles = triton.cdiv(n, cfg.block_n)
+    ws.check(cfg.split_k, MAX_M, n + triton.cdiv(tiles, MAX_M), tiles, cfg)
     return cfg
 
 
@@ -241,7 +274,7 @@ def norm_gemv(
         y, ws.partials, ws.counters, n, k, weight.stride(0), eps,
         HAS_RESIDUAL=residual is not None, HAS_SCALE=weight_scale is not None, HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k, BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        ROW_BLOCK=triton.next_power_of_2(k), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **_quant_meta(quant),
     )  # fmt: skip
     return y, h

@@ -16,7 +16,6 @@ from qwick.layers.norm import RMSNorm
 from qwick.quantization.w8a8 import (
     FP8_DTYPE,
     qmax,
-    quantize_per_token,
     quantize_per_token_group,
     quantize_weight_per_channel,
 )
@@ -87,11 +86,16 @@ def test_norm_gemv_matches_norm_then_matmul(form, n, k, residual):
                 normed, h_ref = norm.forward_native(x), x
                 assert h is x
             assert torch.equal(x, x_before)
-            if quant is None:
+            if quant is None:  # transformers' arithmetic
                 ref = normed.double() @ w_ref.T + bias.double()
-            else:
-                codes, scale = quantize_per_token(normed, quant.dtype)
-                ref = (codes.double() * scale.double()) @ w_ref.T + bias.double()
+            else:  # h * g in codes with a scale per tile, times the row's rstd
+                hd = h_ref.double()
+                rstd = (hd.pow(2).mean(-1, keepdim=True) + norm.eps).rsqrt()
+                codes, scales = quantize_per_token_group(
+                    (hd * norm.weight.double()).float(), quant.dtype, cfg.block_k
+                )
+                x_deq = codes.double() * scales.double().repeat_interleave(cfg.block_k, dim=1)[:, :k]
+                ref = (x_deq * rstd) @ w_ref.T + bias.double()
             assert y.shape == (1, n) and y.dtype == dtype and torch.isfinite(y).all()
             assert _rel_err(y, ref) < tol, (cfg, _rel_err(y, ref))
     assert int(ws.counters.abs().sum()) == 0
