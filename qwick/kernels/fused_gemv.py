@@ -101,6 +101,7 @@ def _norm_gemv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,
 ):
     """norm(h) @ W^T = rstd * ((h * g) @ W^T): the loop multiplies h * g and sums h^2 over the program's
     K range; the row's rstd, from every split's sum, scales the result where the splits are reduced."""
@@ -116,18 +117,21 @@ def _norm_gemv_kernel(
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    res_end = tl.where(pid_n == 0, k_end, 0)  # where this program stores x + residual: only in tile 0
     for k in range(k_start, k_end, BLOCK_K):
         kk = k + rk
         k_ok = kk < k_end
         w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        h = _residual_sum(x_ptr, res_ptr, kk, k_ok, HAS_RESIDUAL)
-        if HAS_RESIDUAL:  # the first output tile's programs hand on x + residual
-            tl.store(res_out_ptr + kk, h, mask=kk < res_end)
-        hf = h.to(tl.float32)
+        hf = _residual_sum(x_ptr, res_ptr, kk, k_ok, HAS_RESIDUAL).to(tl.float32)
         squares += hf * hf
         v = hf * tl.load(g_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
         acc = _tile_dot(v, w, acc, BLOCK_M, CODES, QMAX, INV_QMAX, MIN_AMAX, IS_INT, x_ptr.dtype.element_ty)
+    # The first output tile's programs hand on x + residual, after the loop: a store inside it would keep
+    # the compiler from loading tiles ahead (it may alias them).
+    if HAS_RESIDUAL:  # noqa: SIM102 - a constexpr and a runtime condition: two ifs in Triton
+        if pid_n == 0:
+            cols = k_start + tl.arange(0, SPLIT_BLOCK)
+            ok = cols < k_end
+            tl.store(res_out_ptr + cols, _residual_sum(x_ptr, res_ptr, cols, ok, HAS_RESIDUAL), mask=ok)
     if HAS_SCALE:
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
     sum_sq = tl.sum(squares, axis=0)
@@ -268,14 +272,15 @@ def norm_gemv(
     cfg = _config(ws, n, k, weight, quant, config)
     h = torch.empty_like(x) if residual is not None else x
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     _norm_gemv_kernel[(triton.cdiv(n, cfg.block_n), cfg.split_k)](
         x, residual if residual is not None else x, norm_weight, h, weight,
         weight_scale if weight_scale is not None else weight, bias if bias is not None else weight,
         y, ws.partials, ws.counters, n, k, weight.stride(0), eps,
         HAS_RESIDUAL=residual is not None, HAS_SCALE=weight_scale is not None, HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k, BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **_quant_meta(quant),
+        SPLIT_BLOCK=triton.next_power_of_2(k_per_split),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_quant_meta(quant),
     )  # fmt: skip
     return y, h
 
