@@ -747,12 +747,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run b1_int4_off python -c "$OFF" $B1 --output-json "$OUT/b1_int4_off.json"
     run b1_bf16 $CLI bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --output-json "$OUT/b1_bf16.json"
     ;;
-  fusedgemv)  # batch-1 GEMVs with the RMSNorm / SiLU-and-mul before them fused in: their GPU tests, then
-    # each layer's unfused pair, the GEMV alone and the fused launch in CUDA graphs (bf16, fp8, int8)
-    timeout 300 python -m pytest -q -x -m gpu tests/kernels/test_fused_gemv.py 2>&1 | tail -5
-    CONFIGS=${CONFIGS:-} timeout 280 python benchmarks/fused_gemv_graph.py "$OUT/fused_gemv.json" ${MODES:-} 2>&1 \
-      | grep -v -i warn
-    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
