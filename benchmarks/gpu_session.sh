@@ -747,17 +747,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run b1_int4_off python -c "$OFF" $B1 --output-json "$OUT/b1_int4_off.json"
     run b1_bf16 $CLI bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --output-json "$OUT/b1_bf16.json"
     ;;
-  head8)  # fp8's LM head in int8 (the default since the twenty-sixth session) against an fp8 head: the
-    # head's GPU tests, batch 1 alternating (ABAB), workload 3 in fp8 with the int8 head and in bf16
-    timeout 240 python -m pytest -q -m gpu tests/quantization/test_lm_head.py 2>&1 | tail -3
-    B1="$LAT --shape qwen2.5-7b $SHORT --quantization fp8"
-    for i in 1 2; do
-      run b1_fp8_head8_$i $B1 --output-json "$OUT/b1_fp8_head8_$i.json"
-      run b1_fp8_headfp8_$i $B1 --quantize-lm-head --output-json "$OUT/b1_fp8_headfp8_$i.json"
-    done
-    run tput_fp8 $TPUT --quantization fp8 --output-json "$OUT/tput_fp8.json"
-    run tput_bf16 $TPUT --output-json "$OUT/tput_bf16.json"
-    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import torch
-
 from qwick.quantization.base import QuantizationConfig, module_matches
 from qwick.quantization.w8a8 import FP8_DTYPE, W8A8LinearMethod
 
@@ -22,11 +20,7 @@ logger = logging.getLogger(__name__)
 class Fp8Config(QuantizationConfig):
     name = "fp8"
     can_quantize_lm_head = True  # on the fly; a checkpoint's config turns it off (`__init__`)
-    # The LM head's default: int8 codes (per-channel scales), as `quantization="int8"` and int4 make it. At
-    # batch 1 on the H200 the skinny GEMM streams an int8 head 17% faster than an fp8 one (146.5 against
-    # 176.7 us at qwen2.5-7b shapes), whose codes need converting to bf16 on the CUDA cores; int8 per
-    # channel is also the closer of the two to the bf16 weights. `quantize_lm_head=True`: an fp8 head.
-    default_lm_head = "int8"
+    default_lm_head = "fp8"  # an 8-bit head: +0.1% perplexity (BENCHMARKS.md)
 
     def __init__(
         self, *, checkpoint: bool, block: tuple[int, int] | None = None, ignored: Sequence[str] = ()
@@ -70,12 +64,8 @@ class Fp8Config(QuantizationConfig):
         return "fp8 checkpoint (per-tensor/per-channel weight scales)"
 
     def linear_method(self, prefix: str, shard_names: Sequence[str]) -> W8A8LinearMethod | None:
-        if prefix == "lm_head":
-            head = self.lm_head_format()
-            if head is None:  # stays in the model dtype, as in vLLM
-                return None
-            if head == "int8":
-                return W8A8LinearMethod(torch.int8, checkpoint=False)
+        if prefix == "lm_head" and self.lm_head_format() is None:  # stays in the model dtype, as in vLLM
+            return None
         skipped = [_ignored(name, self.ignored) for name in shard_names]
         if all(skipped):
             return None

@@ -25,7 +25,7 @@ def _quality(model_dir: str, tmp_path, capsys, *flags: str) -> tuple[str, dict]:
 
 def test_quality_report(tiny_qwen2_dir, tmp_path, capsys):
     printed, result = _quality(tiny_qwen2_dir, tmp_path, capsys, "--modes", "none", "fp8", "int8")
-    assert "| fp8 + int8 LM head | float32 |" in printed  # the 8-bit modes quantize the head by default
+    assert "| fp8 + fp8 LM head | float32 |" in printed  # the 8-bit modes quantize the head by default
     corpus = stdlib_corpus()
     assert result["corpus"]["files"] == list(STDLIB_FILES) and result["corpus"]["sha256"] == corpus.sha256
     none, fp8, int8 = result["modes"]

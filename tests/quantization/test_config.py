@@ -56,10 +56,7 @@ def test_unquantized_checkpoint():
         config = resolve_quantization(name, _hf())
         method = config.linear_method(*DOWN)
         assert method.qdtype == qdtype and not method.checkpoint
-        assert config.linear_method("lm_head", ["lm_head"]).qdtype == torch.int8  # int8 head by default
-        config = resolve_quantization(name, _hf(), quantize_lm_head=True)
-        assert config.lm_head_format() == name  # asked for: the mode's own codes
-        assert config.linear_method("lm_head", ["lm_head"]).qdtype == qdtype
+        assert config.linear_method("lm_head", ["lm_head"]).qdtype == qdtype  # an 8-bit head by default
         config = resolve_quantization(name, _hf(), quantize_lm_head=False)
         assert config.linear_method("lm_head", ["lm_head"]) is None  # the LM head stays in the model dtype
     int4 = resolve_quantization("int4", _hf())  # the head in int8 by default, in int4 when asked, or plain
@@ -173,4 +170,4 @@ def test_fp8_on_a_cpu_says_it_is_slow(tiny_qwen2_dir, caplog, mode, warned):
     messages = [r.getMessage() for r in caplog.records if "no CPU kernel" in r.getMessage()]
     assert len(messages) == (1 if warned else 0)
     if warned:
-        assert messages[0].startswith("8 linear layers hold fp8 weights")  # not the LM head (int8)
+        assert messages[0].startswith("9 linear layers hold fp8 weights")  # the LM head's too

@@ -1,7 +1,6 @@
 """`quantize_lm_head`: the on-the-fly modes (fp8, int8, int4) quantize the LM head too, in untied and tied
 models (a tied head becomes its own quantized copy of the embedding, which stays as it was), and the option
-is refused where it cannot apply. Left unset, fp8 and int4 make the head int8 instead ("fp8-head8",
-"int4-head8").
+is refused where it cannot apply. Left unset, int4 makes the head int8 (W8A8) instead of int4 ("int4-head8").
 (GGUF's kept head blocks: tests/quantization/test_gguf_kept_quantized.py.)
 
 The oracle is transformers on the weights qwick holds, dequantized (`checkpoint_tensors`, with the tied
@@ -35,7 +34,6 @@ PROMPTS = [list(range(10, 13)), [(7 * i) % 300 + 5 for i in range(23)]]
 # case -> (quantization, quantize_lm_head, the head's stored weight dtype)
 CASES = {
     "fp8": ("fp8", True, FP8),
-    "fp8-head8": ("fp8", None, torch.int8),  # fp8's default head
     "int8": ("int8", True, torch.int8),
     "int4": ("int4", True, torch.int32),
     "int4-head8": ("int4", None, torch.int8),  # int4's default head
@@ -142,13 +140,7 @@ def test_quantize_lm_head_is_refused_where_it_cannot_apply(tiny_qwen2_dir, tmp_p
 # below fp32 precision, which flips downstream activation codes in these tiny random models; with the head
 # an fp8 matmul too, the logits were 5.1-5.2% off on the H200 (2026-12-01), against 1.8-3.1% for the same
 # models with a float head (tests/quantization/test_w8a8_gpu.py).
-GPU_CASES = {
-    "fp8": (0.08, 0.6),
-    "fp8-head8": (0.08, 0.6),
-    "int8": (0.01, 1.0),
-    "int4": (0.01, 0.9),
-    "int4-head8": (0.01, 0.9),
-}
+GPU_CASES = {"fp8": (0.08, 0.6), "int8": (0.01, 1.0), "int4": (0.01, 0.9), "int4-head8": (0.01, 0.9)}
 
 
 @pytest.mark.gpu
