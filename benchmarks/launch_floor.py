@@ -39,7 +39,7 @@ def main() -> None:
 
         us = graph_us(hop, calls=252, replays=20)
         rows.append({"grid": grid, "us_per_launch": us})
-        print(f"grid {grid:4d}: {us:.3f} us per launch, {252 * us / 1000:.3f} ms per 252 launches", flush=True)
+        print(f"grid {grid:4d}: {us:.3f} us per launch, {252 * us / 1000:.3f} ms per 252", flush=True)
     with open(sys.argv[1], "w") as f:
         json.dump(rows, f, indent=1)
 
