@@ -747,6 +747,18 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run b1_int4_off python -c "$OFF" $B1 --output-json "$OUT/b1_int4_off.json"
     run b1_bf16 $CLI bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --output-json "$OUT/b1_bf16.json"
     ;;
+  headw8a8)  # decode-sized LM-head rows quantized for the W8A8 skinny GEMM (`decode_quantize_min_n`, on)
+    # against W8A16: the head tests, then batch 1 fp8 / int8 / int4 with it and without, alternating
+    timeout 200 python -m pytest -q -m gpu tests/kernels/test_w8a8_kernels.py -k "lm_head or paths" \
+      tests/quantization/test_lm_head.py 2>&1 | tail -3
+    OFF="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; \
+M.decode_quantize_min_n = 1 << 30; from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in ${MODES:-fp8 int8 int4}; do
+      B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization $q"
+      run b1_${q}_on $CLI $B1 --output-json "$OUT/b1_${q}_on.json"
+      run b1_${q}_off python -c "$OFF" $B1 --output-json "$OUT/b1_${q}_off.json"
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;

@@ -145,6 +145,12 @@ class W8A8LinearMethod(LinearMethod):
     # 336.9 tok/s (fp8) and 333.6 to 341.9 (int8) on the H200 (BENCHMARKS.md, fifth session of 12-01).
     decode_w8a8_max_k = 8192
     decode_group = 512
+    # Decode-sized inputs that come without codes (the o projection's, the LM head's): W8A16, except in
+    # layers with at least this many outputs (LM heads), which quantize the rows in a launch of their own
+    # (per token, as at every larger batch) and take codes times codes. There the W8A16 GEMV's conversion
+    # of every fp8 code to bf16 costs far more than the launch: fp8's 7b head took 176.7 us in W8A16 where
+    # the W8A8 gate/up streams 3.9 TB/s (BENCHMARKS.md, twenty-fourth and twenty-sixth sessions).
+    decode_quantize_min_n = 65536
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
@@ -328,6 +334,12 @@ class W8A8LinearMethod(LinearMethod):
         skinny = x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16)
         return self.block is None and skinny and self.skinny_gemm and self.workspace is not None
 
+    def _quantizes_decode_rows(self, n: int, k: int) -> bool:
+        """Whether decode-sized rows that come without codes are quantized here for the W8A8 skinny GEMM
+        (`decode_quantize_min_n`) rather than multiplied as they are (W8A16)."""
+        wide = n >= self.decode_quantize_min_n and k <= self.decode_w8a8_max_k
+        return self.decode_w8a8 and self.quantize_activations and wide
+
     def _rowwise(self, x: torch.Tensor, n: int, k: int) -> bool:
         """fp8 per channel at 16 < M <= `rowwise_max_m` (bf16/fp16), K >= `rowwise_min_k`, where cuBLAS's
         128 x 128 output tiles number fewer than the SMs: the split-K Triton GEMM keeps them all streaming."""
@@ -408,6 +420,8 @@ class W8A8LinearMethod(LinearMethod):
             from qwick.kernels.gemv import gemv
 
             scale = self.weight_scale(layer)
+            if codes is None and self._quantizes_decode_rows(n, k):
+                codes = self._quantize_x(x)
             if codes is None:
                 return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
             xq, xs = codes

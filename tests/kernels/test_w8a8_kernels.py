@@ -67,8 +67,10 @@ def _layer(mode: str, n: int, k: int, device: torch.device) -> Linear:
 
 def _expected(layer: Linear, x: torch.Tensor) -> torch.Tensor:
     method = layer.method
-    if method.block is None and x.shape[0] <= 16 and x.dtype != torch.float32 and method.skinny_gemm:
-        x_deq = x.double()  # decode sizes: W8A16
+    n = layer.weight.shape[0]
+    decode = x.shape[0] <= 16 and x.dtype != torch.float32 and method.skinny_gemm
+    if method.block is None and decode and n < method.decode_quantize_min_n:
+        x_deq = x.double()  # decode sizes: W8A16 (but in LM heads)
     elif method.block is None:
         xq, xs = quantize_per_token(x, method.qdtype)
         x_deq = xq.double() * xs.double()
@@ -120,6 +122,29 @@ def test_gpu_decode_sizes_with_codes_are_w8a8(mode, n, k, m, monkeypatch):
     assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
     w8a16 = x.double() @ layer.method.dense_weight(layer).double().T + layer.bias.double()
     assert ((y.double() - w8a16).norm() / w8a16.norm()).item() > 1e-3  # really the codes, not x
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+@pytest.mark.parametrize("m", [1, 16])
+def test_gpu_decode_lm_head_quantizes_its_rows(mode, m, monkeypatch):
+    """An LM-head-sized layer (qwen2.5-7b's 152064 x 3584) given decode-sized rows without codes quantizes
+    them per token itself and multiplies codes by codes (W8A8), the function of every larger batch; with
+    `decode_quantize_min_n` above its width it multiplies the rows as they are (W8A16)."""
+    device = _cuda()
+    layer = _layer(mode, 152064, 3584, device)
+    x = torch.randn(m, 3584, device=device, generator=torch.Generator(device=device).manual_seed(m))
+    x = (x * torch.linspace(0.1, 3, 3584, device=device)).to(torch.bfloat16)
+    w = layer.method.dense_weight(layer).double()
+    xq, xs = quantize_per_token(x, layer.method.qdtype)
+    w8a8 = (xq.double() * xs.double()) @ w.T + layer.bias.double()
+    w8a16 = x.double() @ w.T + layer.bias.double()
+    for y, ref, other in ((layer(x), w8a8, w8a16), (None, w8a16, w8a8)):
+        if y is None:
+            monkeypatch.setattr(W8A8LinearMethod, "decode_quantize_min_n", 1 << 30)
+            y = layer(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (m, 152064) and torch.isfinite(y).all()
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
+        assert ((y.double() - other).norm() / other.norm()).item() > 1e-3  # not the other function
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
