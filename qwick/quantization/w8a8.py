@@ -28,7 +28,8 @@ What each path computes:
   codes from the RMSNorms before QKV and gate/up; codes with a scale per 512 columns from SiLU-and-mul
   before the down projection (`decode_w8a8_max_k`, `decode_group`), which it writes with many programs
   per row. The output projection's input comes without codes: there it computes `x @ dequant(W).T + b`
-  (W8A16).
+  (W8A16). So does the LM head's, but a layer that wide quantizes the rows itself and takes W8A8
+  (`decode_quantize_min_n`).
   On CPUs, int8 per channel with bf16 inputs of at most 16 rows does the same (W8A16) through torch's
   int8 weight GEMM (`torch._weight_int8pack_mm`).
 
