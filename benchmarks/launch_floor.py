@@ -2,8 +2,8 @@
 captured back to back in one CUDA graph, as the step's ~250 launches are (28 layers of ~9 kernels).
 
 Each launch reads one value its predecessor wrote and writes one, so the chain is serial in data as
-well as in stream order. Grids of 1, 132 (one program per SM) and 528 programs; 4 warps each. What the
-step's kernels take beyond this floor is their own ramp, work and drain.
+well as in stream order. Grids of 1 program, one per SM (132 on the H200) and four per SM; 4 warps
+each. What the step's kernels take beyond this floor is their own ramp, work and drain.
 
     python benchmarks/launch_floor.py out.json
 """
@@ -27,8 +27,9 @@ def _hop(src_ptr, dst_ptr):
 
 
 def main() -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for grid in (1, 132, 528):
+    for grid in (1, sms, 4 * sms):
         bufs = [torch.zeros(grid, device="cuda") for _ in range(2)]
         state = {"i": 0}
 
