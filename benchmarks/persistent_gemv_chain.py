@@ -59,6 +59,8 @@ X_ROWS = 160  # shared-memory rows of BK activations: K up to 20480
 X_CHUNK = 32  # rows per load when the activations are copied into shared memory
 MAX_KT = gl.constexpr(64)  # activation K tiles per program, tensor-core consumer (the most any op needs: 34)
 FP8_MAX = gl.constexpr(448.0)
+CHUNK = gl.constexpr(4)  # tiles per dynamically taken chunk: divides every K's tile count (28, 148)
+X_BLOCKS = gl.constexpr(20)  # [8, BK] activation blocks of the dynamic consumer: K up to 20480
 # op table, 8 columns: K tiles, kind, fp32 sum (and scale) offset, bf16 out offset, bf16 in offset, row-block
 # base, first tile, tiles
 QWEN7B = [  # (N, K, kind): kind 1 is gate/up, whose output is SiLU(gate) * up
@@ -308,18 +310,125 @@ def _consumer_mma(op_tab, n_ops, ring, ready, empty, xq, ysum_ptr, xbuf_ptr, sca
 
 
 @gluon.jit
+def _producer_dyn(w_desc, op_tab, n_ops, ring, ready, empty, tile_ids, grab_ptr, BN: gl.constexpr,
+                  BK: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: takes chunks of CHUNK tiles of each operation from a shared counter until none are left,
+    so a program that streams faster takes more of them; each slot's tile index goes beside it, and a
+    slot marked -1 (no data) ends the program's share of the operation."""
+    ID_L: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    i = 0
+    for op in range(n_ops):
+        n_chunks = gl.load(op_tab + op * 8 + 7) // CHUNK
+        tile0 = gl.load(op_tab + op * 8 + 6)
+        c = gl.atomic_add(grab_ptr + op, 1, sem="relaxed", scope="gpu")
+        while c < n_chunks:
+            for u in gl.static_range(CHUNK):
+                t = c * CHUNK + u
+                slot = i % STAGES
+                mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+                tile_ids.index(slot).store(gl.full([1], t, gl.int32, ID_L))
+                mbarrier.expect(ready.index(slot), BN * BK)
+                tma.async_copy_global_to_shared(w_desc, [(tile0 + t) * BN, 0], ready.index(slot),
+                                                ring.index(slot))
+                i += 1
+            c = gl.atomic_add(grab_ptr + op, 1, sem="relaxed", scope="gpu")
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        tile_ids.index(slot).store(gl.full([1], -1, gl.int32, ID_L))
+        mbarrier.arrive(ready.index(slot), count=1)
+        i += 1
+
+
+@gluon.jit
+def _next_tile(i, ready, tile_ids, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    """Waits for ring entry i and returns its tile index (-1: the end of this operation's share)."""
+    slot = i % STAGES
+    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    return gl.max(tile_ids.index(slot).load(gl.BlockedLayout([1], [32], [WARPS], [0])), axis=0)
+
+
+@gluon.jit
+def _consumer_dyn(op_tab, n_ops, ring, ready, empty, tile_ids, xq, xq_scale, ysum_ptr, xbuf_ptr, scale_ptr,
+                  sema_ptr, expect_ptr, counter_ptr, BN: gl.constexpr, BK: gl.constexpr,
+                  STAGES: gl.constexpr, WARPS: gl.constexpr):
+    """The tensor-core consumer for dynamically taken chunks. A program cannot know in advance which K
+    tiles it will need, so after each barrier it codes the whole activation vector: K tile kt is row
+    kt % 8 of [8, BK] block kt // 8, each block with its own fp8 scale. A weight tile's wgmma against
+    its block gives [BN, 8] sums, of which column kt % 8 is the tile's; each chunk's sums are flushed
+    (the host sets every row block's expected count to its chunks)."""
+    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                    instr_shape=[16, 8, 32])
+    ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
+    OUT_L: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    BL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [WARPS, 1], [1, 0])
+    S_L: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    br = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(1, BL)), 1)
+    bc = gl.expand_dims(gl.arange(0, BK, layout=gl.SliceLayout(0, BL)), 0)
+    col = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, MMA_L)), 0)
+    nprog = gl.num_programs(0)
+    i = 0
+    for op in range(n_ops):
+        kts = gl.load(op_tab + op * 8)
+        in_off = gl.multiple_of(gl.load(op_tab + op * 8 + 4), BK)
+        _wait_for(counter_ptr, op * nprog, False)
+        for b in gl.static_range(X_BLOCKS):
+            r = b * 8 + br
+            xv = gl.load(xbuf_ptr + in_off + r * BK + bc, mask=r < kts, other=0.0,
+                         cache_modifier=".cg").to(gl.float32)
+            amax = gl.max(gl.max(gl.abs(xv), axis=1), axis=0)
+            sc = gl.where(amax > 0, amax / FP8_MAX, 1.0)
+            xq.index(b).store((xv / sc).to(gl.float8e4nv))
+            xq_scale.index(b).store(gl.full([1], sc, gl.float32, S_L))
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = gl.zeros([BN], gl.float32, ROW_L)
+        tid = _next_tile(i, ready, tile_ids, STAGES, WARPS)
+        while tid >= 0:
+            slot = i % STAGES
+            kt = tid % kts
+            part = warpgroup_mma(ring.index(slot), xq.index(kt // 8).permute((1, 0)),
+                                 gl.zeros([BN, 8], gl.float32, MMA_L), use_acc=False, is_async=True)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            gl.thread_barrier()  # both warpgroups' wgmmas are done with the slot
+            mbarrier.arrive(empty.index(slot), count=1)
+            sc = gl.max(xq_scale.index(kt // 8).load(S_L), axis=0)
+            acc += gl.sum(gl.where(col == kt % 8, part, 0.0), axis=1) * sc
+            if kt % CHUNK == CHUNK - 1:
+                _flush(acc, op, tid // kts, op_tab, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr, expect_ptr, BN,
+                       ROW_L, OUT_L)
+                acc = gl.zeros([BN], gl.float32, ROW_L)
+            i += 1
+            tid = _next_tile(i, ready, tile_ids, STAGES, WARPS)
+        gl.thread_barrier()  # every warp has read the end marker
+        mbarrier.arrive(empty.index(i % STAGES), count=1)
+        i += 1
+        _arrive(counter_ptr)
+
+
+@gluon.jit
 def _chain_kernel(w_desc, op_tab, n_ops, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr, expect_ptr, counter_ptr,
+                  grab_ptr,
                   BN: gl.constexpr, BK: gl.constexpr, X_ROWS: gl.constexpr, X_CHUNK: gl.constexpr,
                   STAGES: gl.constexpr, WARPS: gl.constexpr, COMPUTE: gl.constexpr, BARRIER: gl.constexpr,
                   LOAD_POLL: gl.constexpr, F16: gl.constexpr, SYNC_RELEASE: gl.constexpr,
-                  FENCE: gl.constexpr, LOAD: gl.constexpr, MMA: gl.constexpr):
+                  FENCE: gl.constexpr, LOAD: gl.constexpr, MMA: gl.constexpr, DYN: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(STAGES):
         mbarrier.init(ready.index(p), count=1)
         mbarrier.init(empty.index(p), count=1)
-    if MMA:
+    if DYN:
+        tile_ids = gl.allocate_shared_memory(gl.int32, [STAGES, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        xq = gl.allocate_shared_memory(gl.float8e4nv, [X_BLOCKS, 8, BK],
+                                       gl.NVMMASharedLayout.get_default_for([8, BK], gl.float8e4nv))
+        xq_scale = gl.allocate_shared_memory(gl.float32, [X_BLOCKS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        gl.warp_specialize([
+            (_consumer_dyn, (op_tab, n_ops, ring, ready, empty, tile_ids, xq, xq_scale, ysum_ptr, xbuf_ptr,
+                             scale_ptr, sema_ptr, expect_ptr, counter_ptr, BN, BK, STAGES, WARPS)),
+            (_producer_dyn, (w_desc, op_tab, n_ops, ring, ready, empty, tile_ids, grab_ptr, BN, BK, STAGES)),
+        ], [1], [24])
+    elif MMA:
         xq = gl.allocate_shared_memory(gl.float8e4nv, [MAX_KT, 8, BK],
                                        gl.NVMMASharedLayout.get_default_for([8, BK], gl.float8e4nv))
         gl.warp_specialize([
@@ -398,6 +507,10 @@ class Chain:
         self.expect = expect.to(dev)
         self.sema = torch.zeros(rb_base, dtype=torch.int32, device=dev)
         self.counter = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.grab = torch.zeros(len(self.ops), dtype=torch.int32, device=dev)  # the dynamic chunk counters
+        # with chunks taken dynamically, every row block is summed from its K tiles' chunks
+        self.expect_dyn = torch.cat([torch.full((n // BN,), k // BK // CHUNK.value, dtype=torch.int32)
+                                     for n, k, _ in self.ops]).to(dev)
         self.ysum = torch.zeros(y_off, dtype=torch.float32, device=dev)
         self.xbuf = torch.zeros(out_off, dtype=torch.bfloat16, device=dev)
         self.xbuf[: QWEN7B[0][1]] = torch.randn(QWEN7B[0][1], device=dev).to(torch.bfloat16)
@@ -433,19 +546,23 @@ class Chain:
 
     def launch(self, stages: int, warps: int, compute: bool = True, barrier: bool = True,
                load_poll: bool = False, f16: bool = False, sync_release: bool = True,
-               fence: bool = True, load: bool = True, mma: bool = False):
+               fence: bool = True, load: bool = True, mma: bool = False, dyn: bool = False):
         """One run of the chain; the flags pick the variants and diagnostics in the kernels' docstrings
-        (with `mma`, compute=False drops the activation prologue)."""
+        (with `mma`, compute=False drops the activation prologue; `dyn` is the tensor-core consumer with
+        chunks taken dynamically)."""
         self.ysum.zero_()
         self.sema.zero_()
         self.counter.zero_()
+        if dyn:
+            self.grab.zero_()
         layout = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float8e4nv)
         desc = TensorDescriptor(self.wt, list(self.wt.shape), list(self.wt.stride()), [BN, BK], layout)
         return _chain_kernel[(self.programs,)](
-            desc, self.op_tab, len(self.ops), self.ysum, self.xbuf, self.scale, self.sema, self.expect,
-            self.counter, BN=BN, BK=BK, X_ROWS=X_ROWS, X_CHUNK=X_CHUNK, STAGES=stages, WARPS=warps,
+            desc, self.op_tab, len(self.ops), self.ysum, self.xbuf, self.scale, self.sema,
+            self.expect_dyn if dyn else self.expect, self.counter, self.grab, BN=BN, BK=BK, X_ROWS=X_ROWS,
+            X_CHUNK=X_CHUNK, STAGES=stages, WARPS=warps,
             COMPUTE=compute, BARRIER=barrier, LOAD_POLL=load_poll, F16=f16, SYNC_RELEASE=sync_release,
-            FENCE=fence, LOAD=load, MMA=mma, num_warps=warps, maxnreg=self.maxnreg)
+            FENCE=fence, LOAD=load, MMA=mma, DYN=dyn, num_warps=warps, maxnreg=self.maxnreg)
 
     @staticmethod
     def _activation(y: torch.Tensor, kind: int) -> torch.Tensor:
@@ -571,7 +688,8 @@ def main() -> None:
         chain.xbuf[QWEN7B[0][1]:] = 0
         chain.launch(stages, warps, **kw)
         torch.cuda.synchronize()
-        errs = [chain.check(j, w8a8=kw.get("mma", False)) for j in range(len(chain.ops))]
+        w8a8 = kw.get("mma", False) or kw.get("dyn", False)
+        errs = [chain.check(j, w8a8=w8a8) for j in range(len(chain.ops))]
         # a guard: ops whose input's rms left [1/16, 16] are not checked. With no norms, gate/up squares
         # its input's scale, so a chain through all the layers drifted from torch's (whose rms set the
         # scales) by layer ~12 and overflowed by ~18; every QKV now reads the chain's input instead.
@@ -614,6 +732,7 @@ def main() -> None:
     timed("fp32 math, no fence, fp16 tile sums", best, fence=False, f16=True)
     for stages in (6, 8):  # the ring and the 64 KB of activation blocks must fit 227 KB
         timed("wgmma (W8A8: fp8 activation codes)", stages, mma=True)
+        timed("wgmma, chunks of 4 tiles taken dynamically, codes per 8 K tiles", stages, dyn=True)
     ptx = chain.launch(best, warps).asm["ptx"]
     with open(os.path.join(os.path.dirname(os.path.abspath(out_path)), "chain_kernel.ptx"), "w") as f:
         f.write(ptx)
