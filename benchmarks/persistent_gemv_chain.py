@@ -24,7 +24,8 @@ activations' scale each layer, and a 28-layer chain overflows), though it still 
 the last down projection. The fp32 sums are zeroed by a memset node before the kernel. Every op is
 checked against torch on the kernel's own input; then, in CUDA graphs, it times:
   - the persistent chain (with its memsets; the memsets alone are timed too) and its variants: the
-    barrier polled with volatile loads, fp16 tile sums, no proxy fence, the slot release without a barrier;
+    barrier polled with volatile loads, fp16 tile sums, no proxy fence, the slot release without a barrier,
+    the tensor-core consumer (W8A8), and that consumer with chunks of tiles taken dynamically;
   - diagnostics with wrong outputs: without the multiply-adds, without the barrier, with the consumers
     alone (the slots handed over unfilled), and their combinations;
   - the same chain through qwick's batch-1 W8A16 GEMV (`qwick.kernels.gemv`) and SiLU-and-mul launches;
