@@ -17,15 +17,29 @@ words of one group of 128 codes. From one word X of row g and the same word Y of
 and the same from Y (a2a3, a6a7), then from X >> 8 and Y >> 8 (codes 2, 6 and 3, 7) for mma 2. The B
 pairs hold x / 64 for the first kind and x / 1024 for the second (the 16 q cancels), so a group's sums
 come out as sum(q x / 64) + O, where O = 1024 * (sum of the B values) is the same for every row. O and
-S = sum(x / 64) come from one more mma per step with a constant A (1024 in rows 0-7; 1 and 16 in rows
-8-15), and each group adds s * (tot - O - z S) to the row's fp32 sum. The B operand (four f16x2 per
-word, in the order the lanes load them) is made by a small launch here; in the engine, x's producer
-(RMSNorm, SiLU-and-mul) would write it, as it writes the f16x2 kernel's `HalfPairs` today.
+S = sum(x / 64) per step are made with the B operand, and each group adds s * (tot - O - z S) to the
+row's fp32 sum. The B operand (four f16x2 per word, in the order the lanes load them, then O and S) is
+made by a small launch here; in the engine, x's producer (RMSNorm, SiLU-and-mul) would write it, as it
+writes the f16x2 kernel's `HalfPairs` today. The codes reach the registers either by plain loads one pair
+of steps ahead (depth 0) or through DEPTH stages of shared memory (cp.async).
 
 Each launch shape is checked against float64, then timed as decode runs it: CUDA-graph replays over
-weight copies that together overflow the L2 (the harness of `benchmarks/int4_half2_sweep.py`).
+weight copies that together overflow the L2 (the harness of `benchmarks/int4_half2_sweep.py`), beside
+the f16x2 kernel pairing x in registers and reading its producer's `HalfPairs` (what decode runs).
 
-    python benchmarks/int4_mma_gemv.py out.json
+Result (30th session, H200, us): it loses. Best mma against f16x2 with the producer's pairs: gate/up
+24.09 against 23.92, down 16.19 against 15.81, qkv 6.88 against 6.08, o 6.49 against 5.70 (53.7 against
+51.5 per layer, the mma's B operand counted as free). It beats f16x2 only when that kernel pairs x in
+registers (gate/up 25.94, down 17.19). Nsight Compute: 13.8% achieved occupancy, 25.6% issue slots
+busy, stalls on L1TEX scoreboards; half the instructions of f16x2 but no faster, so instruction count
+is not what limits the batch-1 int4 GEMV. DIAG=1: with the loop's scale and zero-point loads dropped,
+gate/up 22.6-24.5; with only the codes loaded, 21.7-27.9; deeper cp.async pipelines do not help (they
+add a CTA barrier per step). Even the codes alone stream at most ~3.3 TB/s in this structure.
+
+    python benchmarks/int4_mma_gemv.py out.json      # env SHAPES, MTS, DEPTHS narrow the sweep
+    DIAG=1 python benchmarks/int4_mma_gemv.py out.json
+    NCU=1,4,1,0 ncu --clock-control none --profile-from-start off --set full \
+        python benchmarks/int4_mma_gemv.py
 """
 
 from __future__ import annotations
@@ -41,16 +55,21 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 sys.path.insert(0, os.getcwd())
 from qwick.kernels.gemv import GemvWorkspace  # noqa: E402
-from qwick.kernels.row_gemv_half2 import default_half2_config, w4_half2_gemv  # noqa: E402
+from qwick.kernels.row_gemv_half2 import X_DIV, default_half2_config, w4_half2_gemv  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import QuantizedWeight, dequantize  # noqa: E402
 
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 L2_OVERFLOW = 200 << 20
 STEP_WORDS = 16  # words of a row per step: 4 lanes x 4 words, one group of 128 codes
+# cp.async from global to shared memory: `async_load` from Triton 3.7 on, the older name before
+MTS = tuple(int(v) for v in os.environ.get("MTS", "1 2").split())  # 16-row tiles per warp
+DEPTHS = tuple(int(v) for v in os.environ.get("DEPTHS", "0 2 4 6").split())  # code pairs in shared memory
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 
 def _mma(d: str, a: list[str], b: str, c: str) -> str:
@@ -160,6 +179,9 @@ def _mma_gemv_kernel(
     MT: gl.constexpr,
     WARPS: gl.constexpr,
     PAIR: gl.constexpr,
+    DEPTH: gl.constexpr,
+    DIAG: gl.constexpr,
+    CODE_CACHE: gl.constexpr,
 ):
     """y[n] = sum_k (q[n, k] - z[n, g]) s[n, g] x[k] for the rows [16 MT WARPS pid_n, ...) and the K pairs of
     steps (32 words) of split pid_k. Tensors are [MT * WARPS, 8, 4, 4]: (16-row tile, lane row g, lane t,
@@ -200,38 +222,109 @@ def _mma_gemv_kernel(
     p_hi = gl.minimum(p_lo + per_split, n_pairs)
     acc = gl.zeros([M, 8, 4, 4], gl.float32, L4)
     any_work = p_lo < p_hi
-    xa = gl.load(px + p_lo * 32, mask=ok_x & any_work, other=0)
-    ya = gl.load(py + p_lo * 32, mask=ok_y & any_work, other=0)
-    xb = gl.load(px + p_lo * 32 + 16, mask=ok_x & any_work, other=0)
-    yb = gl.load(py + p_lo * 32 + 16, mask=ok_y & any_work, other=0)
+    # Every load of pair p + 1 (B pairs, O and S, scales, zero points, and with DEPTH 0 the codes) is issued
+    # before pair p's mmas, so no warp waits on a load issued in the same iteration (the first version
+    # waited on its scale and zero-point loads there, 40% of its stall samples). With DEPTH > 0 the codes
+    # come through shared memory instead, DEPTH pairs in flight per warp (cp.async, one group per pair):
+    # the bytes in flight then cost shared memory, not registers. Indices past the split clamp to its end.
+    q = gl.minimum(p_lo, n_pairs - 1)
+    if DEPTH == 0:
+        xa = gl.load(px + q * 32, mask=ok_x & any_work, other=0, cache_modifier=CODE_CACHE)
+        ya = gl.load(py + q * 32, mask=ok_y & any_work, other=0, cache_modifier=CODE_CACHE)
+        xb = gl.load(px + q * 32 + 16, mask=ok_x & any_work, other=0, cache_modifier=CODE_CACHE)
+        yb = gl.load(py + q * 32 + 16, mask=ok_y & any_work, other=0, cache_modifier=CODE_CACHE)
+    else:
+        SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])  # a [M, 8, 4, 4] stage
+        cxa = gl.allocate_shared_memory(gl.int32, [DEPTH, M, 8, 4, 4], SL)
+        cya = gl.allocate_shared_memory(gl.int32, [DEPTH, M, 8, 4, 4], SL)
+        cxb = gl.allocate_shared_memory(gl.int32, [DEPTH, M, 8, 4, 4], SL)
+        cyb = gl.allocate_shared_memory(gl.int32, [DEPTH, M, 8, 4, 4], SL)
+        for i in gl.static_range(DEPTH):
+            live = p_lo + i < p_hi
+            qi = gl.minimum(p_lo + i, n_pairs - 1)
+            _async_load(cxa.index(i), px + qi * 32, mask=ok_x & live)
+            _async_load(cya.index(i), py + qi * 32, mask=ok_y & live)
+            _async_load(cxb.index(i), px + qi * 32 + 16, mask=ok_x & live)
+            _async_load(cyb.index(i), py + qi * 32 + 16, mask=ok_y & live)
+            async_copy.commit_group()
+    ba = pb + q * 128
+    b0 = gl.load(ba)
+    b1 = gl.load(ba + 4)
+    b2 = gl.load(ba + 8)
+    b3 = gl.load(ba + 12)
+    b4 = gl.load(ba + 64)
+    b5 = gl.load(ba + 68)
+    b6 = gl.load(ba + 72)
+    b7 = gl.load(ba + 76)
+    st = 2 * q + slot_step  # each slot's step (128 codes)
+    off = gl.load(os_ptr + 2 * st)
+    sx = gl.load(os_ptr + 2 * st + 1)
+    # scales and zero points are carried as loaded and converted where used: a conversion right after the
+    # load would wait for it at the end of the iteration that issued it
+    sc = gl.load(s_rows + st // GROUP_STEPS, mask=ok_s, other=0.0)
+    if ZERO_MODE == 1:
+        z = gl.load(z_rows + st // GROUP_STEPS, mask=ok_s, other=0)
+    else:
+        z = gl.zeros([1, 1, 1, 4], gl.float32, L4) + ZERO_POINT
     for p in range(p_lo, p_hi):
         more = p + 1 < p_hi
-        nxa = gl.load(px + (p + 1) * 32, mask=ok_x & more, other=0)
-        nya = gl.load(py + (p + 1) * 32, mask=ok_y & more, other=0)
-        nxb = gl.load(px + (p + 1) * 32 + 16, mask=ok_x & more, other=0)
-        nyb = gl.load(py + (p + 1) * 32 + 16, mask=ok_y & more, other=0)
-        ba = pb + p * 128
-        bb = ba + 64
+        q = gl.minimum(p + 1, p_hi - 1)
+        if DEPTH == 0:
+            nxa = gl.load(px + q * 32, mask=ok_x & more, other=0, cache_modifier=CODE_CACHE)
+            nya = gl.load(py + q * 32, mask=ok_y & more, other=0, cache_modifier=CODE_CACHE)
+            nxb = gl.load(px + q * 32 + 16, mask=ok_x & more, other=0, cache_modifier=CODE_CACHE)
+            nyb = gl.load(py + q * 32 + 16, mask=ok_y & more, other=0, cache_modifier=CODE_CACHE)
+        else:
+            stage = (p - p_lo) % DEPTH
+            async_copy.wait_group(DEPTH - 1)  # pair p's group has landed
+            xa = cxa.index(stage).load(L4)
+            ya = cya.index(stage).load(L4)
+            xb = cxb.index(stage).load(L4)
+            yb = cyb.index(stage).load(L4)
+        if DIAG < 2:
+            nba = pb + q * 128
+            nb0 = gl.load(nba)
+            nb1 = gl.load(nba + 4)
+            nb2 = gl.load(nba + 8)
+            nb3 = gl.load(nba + 12)
+            nb4 = gl.load(nba + 64)
+            nb5 = gl.load(nba + 68)
+            nb6 = gl.load(nba + 72)
+            nb7 = gl.load(nba + 76)
+            nst = 2 * q + slot_step
+            noff = gl.load(os_ptr + 2 * nst)
+            nsx = gl.load(os_ptr + 2 * nst + 1)
+        else:
+            nb0, nb1, nb2, nb3, nb4, nb5, nb6, nb7 = b0, b1, b2, b3, b4, b5, b6, b7
+            noff, nsx = off, sx
+        if DIAG < 1:
+            nsc = gl.load(s_rows + nst // GROUP_STEPS, mask=ok_s, other=0.0)
+            if ZERO_MODE == 1:
+                nz = gl.load(z_rows + nst // GROUP_STEPS, mask=ok_s, other=0)
+            else:
+                nz = z
+        else:
+            nsc, nz = sc, z
         sums = gl.inline_asm_elementwise(
-            PAIR, "=r,=r,=r,=r" + ",r" * 48,
-            [xa, ya, xb, yb, gl.load(ba), gl.load(ba + 4), gl.load(ba + 8), gl.load(ba + 12),
-             gl.load(bb), gl.load(bb + 4), gl.load(bb + 8), gl.load(bb + 12)],
+            PAIR, "=r,=r,=r,=r" + ",r" * 48, [xa, ya, xb, yb, b0, b1, b2, b3, b4, b5, b6, b7],
             dtype=gl.float32, is_pure=True, pack=4,
         )  # fmt: skip
-        st = 2 * p + slot_step  # each slot's step (128 codes)
-        off = gl.load(os_ptr + 2 * st)
-        sx = gl.load(os_ptr + 2 * st + 1)
-        grp = st // GROUP_STEPS
-        sc = gl.load(s_rows + grp, mask=ok_s, other=0.0).to(gl.float32)
-        if ZERO_MODE == 1:
-            z = gl.load(z_rows + grp, mask=ok_s, other=0).to(gl.float32)
-            acc += sc * (sums - off - z * sx)
+        acc += sc.to(gl.float32) * (sums - off - z.to(gl.float32) * sx)
+        if DEPTH == 0:
+            xa, ya, xb, yb = nxa, nya, nxb, nyb
         else:
-            acc += sc * (sums - (off + ZERO_POINT * sx))
-        xa = nxa
-        ya = nya
-        xb = nxb
-        yb = nyb
+            # the stage just read (its values are in registers, consumed above) takes pair p + DEPTH
+            live = p + DEPTH < p_hi
+            qd = gl.minimum(p + DEPTH, n_pairs - 1)
+            _async_load(cxa.index(stage), px + qd * 32, mask=ok_x & live)
+            _async_load(cya.index(stage), py + qd * 32, mask=ok_y & live)
+            _async_load(cxb.index(stage), px + qd * 32 + 16, mask=ok_x & live)
+            _async_load(cyb.index(stage), py + qd * 32 + 16, mask=ok_y & live)
+            async_copy.commit_group()
+        b0, b1, b2, b3, b4, b5, b6, b7 = nb0, nb1, nb2, nb3, nb4, nb5, nb6, nb7
+        off, sx, sc, z = noff, nsx, nsc, nz
+    if DEPTH > 0:
+        async_copy.wait_group(0)
     # rows g (slots 0, 1) and g + 8 (slots 2, 3): each the sum of its two slots, in registers
     lo = gl.sum(gl.where(j4 < 2, acc, 0.0), axis=3) * 64.0  # [M, 8, 4]
     hi = gl.sum(gl.where(j4 >= 2, acc, 0.0), axis=3) * 64.0
@@ -271,6 +364,9 @@ def mma_gemv(
     mt: int = 2,
     warps: int = 4,
     split_k: int = 1,
+    depth: int = 0,
+    diag: int = 0,
+    code_cache: str = "",
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """x @ W.T for one row, x given as its B operand (`b_operand`); int4 groups of 128 or 256."""
@@ -304,9 +400,24 @@ def mma_gemv(
         MT=mt,
         WARPS=warps,
         PAIR=PAIR_ASM,
+        DEPTH=depth,
+        DIAG=diag,
+        CODE_CACHE=code_cache,
         num_warps=warps,
     )
     return y
+
+
+def half_pairs(x: torch.Tensor) -> torch.Tensor:
+    """x [1, K] -> its `HalfPairs` operand, int32 [1, K / 2]: per word w the fp16 pairs (x[8w + p],
+    x[8w + p + 4]) / X_DIV, p = 0-3, as the engine's RMSNorm and SiLU-and-mul write it for decode."""
+    h = (x.float() / X_DIV).to(torch.float16).view(-1, 2, 4)  # [word, half, p]
+    return h.transpose(1, 2).contiguous().view(torch.int32).view(1, -1)
+
+
+def l2_overflowing_copies(qw: QuantizedWeight) -> list[QuantizedWeight]:
+    """Copies of the codes that together overflow the L2, so each call streams its weight from DRAM."""
+    return [replace(qw, qweight=qw.qweight.clone()) for _ in range(max(1, -(-L2_OVERFLOW // qw.nbytes)))]
 
 
 def graph_us(calls, n: int) -> float:
@@ -314,7 +425,79 @@ def graph_us(calls, n: int) -> float:
     return triton.testing.do_bench_cudagraph(calls, rep=40, return_mode="median") * 1e3 / n
 
 
+def profile_one_launch_each() -> None:
+    """With NCU="mt,warps,split,depth": one launch of the f16x2 kernel and of that mma kernel at gate/up,
+    each on weights the L2 does not hold, between profiler start and stop, for Nsight Compute."""
+    dev = torch.device("cuda")
+    ws = GemvWorkspace(dev, max_elems=1 << 24)
+    n, k = SHAPES["gate_up"]
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+    qw = rtn.quantize(w, group_size=128)
+    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    copies = [replace(qw, qweight=qw.qweight.clone()) for _ in range(4)]
+    bx = b_operand(x)
+    cfg = default_half2_config(n, k // 8, ws.num_sms)
+    w4_half2_gemv(x, copies[0], None, ws, cfg)  # compile both outside the profiled range
+    mt, warps, split, depth = (int(v) for v in os.environ["NCU"].split(","))
+    mma_gemv(bx, copies[1], ws, mt=mt, warps=warps, split_k=split, depth=depth)
+    flush = torch.empty(L2_OVERFLOW, dtype=torch.uint8, device=dev)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    flush.zero_()
+    w4_half2_gemv(x, copies[2], None, ws, cfg)
+    flush.zero_()
+    mma_gemv(bx, copies[3], ws, mt=mt, warps=warps, split_k=split, depth=depth)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+DIAG_SHAPES = {  # the best launch shapes of the sweep: (16-row tiles per warp, warps, split, code depth)
+    "gate_up": [(1, 4, 1, 0), (2, 4, 1, 0), (1, 4, 1, 2)],
+    "down": [(1, 4, 8, 0), (1, 4, 8, 2), (2, 4, 16, 0)],
+}
+
+
+def diagnose() -> None:
+    """With DIAG=1: where the time goes, at the best launch shapes. Each is timed in full, with the
+    scale and zero-point loads of the loop dropped (the first group's reused: wrong sums), and with the B
+    pair and O / S loads dropped too (only the codes stream); the register-path ones also with the codes
+    loaded past the L1 (`.cg`). Prints and writes us per call."""
+    dev = torch.device("cuda")
+    ws = GemvWorkspace(dev, max_elems=1 << 24)
+    report = {}
+    for name, shapes in DIAG_SHAPES.items():
+        n, k = SHAPES[name]
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+        qw = rtn.quantize(w, group_size=128)
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        copies = l2_overflowing_copies(qw)
+        bx = b_operand(x)
+        variants = [(0, ""), (0, ".cg"), (1, ""), (2, ""), (2, ".cg")]
+        for (mt, warps, split, depth), (diag, cache) in itertools.product(shapes, variants):
+            if depth and cache:
+                continue  # cp.async already bypasses the L1
+
+            launch = dict(mt=mt, warps=warps, split_k=split, depth=depth, diag=diag, code_cache=cache)
+
+            def calls(copies=copies, bx=bx, launch=launch) -> None:
+                for c in copies:
+                    mma_gemv(bx, c, ws, **launch)
+
+            t = graph_us(calls, len(copies))
+            what = ("full", "no scale / zero loads", "codes only")[diag]
+            what += f", codes {cache}" if cache else ""
+            label = f"{name} {mt}x16 rows x {warps} warps, split {split}, depth {depth}: {what}"
+            report[label] = t
+            print(f"{label:76s} {t:7.2f} us {qw.nbytes / t / 1e6:5.2f} TB/s", flush=True)
+    with open(sys.argv[1] if len(sys.argv) > 1 else "int4_mma_diag.json", "w") as f:
+        json.dump(report, f, indent=1)
+
+
 def main() -> None:
+    if os.environ.get("NCU"):
+        return profile_one_launch_each()
+    if os.environ.get("DIAG"):
+        return diagnose()
     dev = torch.device("cuda")
     ws = GemvWorkspace(dev, max_elems=1 << 24)
     report = {}
@@ -328,46 +511,56 @@ def main() -> None:
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         ref = x.double() @ dequantize(qw).double().T
         nbytes = qw.nbytes
-        copies = [replace(qw, qweight=qw.qweight.clone()) for _ in range(max(1, -(-L2_OVERFLOW // nbytes)))]
+        copies = l2_overflowing_copies(qw)
         bx = b_operand(x)
         rows = []
         half2_cfg = default_half2_config(n, k // 8, ws.num_sms)
         out = w4_half2_gemv(x, qw, None, ws, half2_cfg).double()
         err = ((out - ref).norm() / ref.norm()).item()
 
-        def half2_calls(copies=copies, x=x, cfg=half2_cfg) -> None:
-            for c in copies:
-                w4_half2_gemv(x, c, None, ws, cfg)
+        # as in decode: x's producer (RMSNorm, SiLU-and-mul) has written its `HalfPairs` operand
+        pairs = half_pairs(x)
+        out = w4_half2_gemv(x, qw, None, ws, half2_cfg, pairs=pairs).double()
+        err_pairs = ((out - ref).norm() / ref.norm()).item()
 
-        t = graph_us(half2_calls, len(copies))
-        rows.append({"candidate": "f16x2 (engine default)", "us": t, "tb_s": nbytes / t / 1e6, "err": err})
+        def half2_calls(copies=copies, x=x, cfg=half2_cfg, pairs=None) -> None:
+            for c in copies:
+                w4_half2_gemv(x, c, None, ws, cfg, pairs=pairs)
+
+        for label, p, e in (
+            ("x paired in registers", None, err),
+            ("producer's pairs (decode)", pairs, err_pairs),
+        ):
+            t = graph_us(lambda p=p, calls=half2_calls: calls(pairs=p), len(copies))
+            rows.append({"candidate": f"f16x2, {label}", "us": t, "tb_s": nbytes / t / 1e6, "err": e})
         t = graph_us(lambda x=x, bx=bx: b_operand(x, bx), 1)
         rows.append({"candidate": "B operand launch alone", "us": t, "tb_s": 0.0, "err": 0.0})
-        for mt, warps, split in itertools.product((1, 2, 4), (4, 8), (1, 2, 4, 8, 16)):
+        for mt, warps, split, depth in itertools.product(MTS, (4, 8), (1, 2, 4, 8, 16), DEPTHS):
             tiles = -(-n // (16 * mt * warps))
-            if split > 1 and tiles * split > 16 * ws.num_sms or (k // 1024) < split:
+            if split > 1 and tiles * split > 16 * ws.num_sms or k // 256 < split:  # a pair per split
                 continue
+            codes = f"{depth} in smem" if depth else "regs"
+            label = f"mma {mt}x16 rows x {warps} warps, split {split}, {codes}"
             try:
-                out = mma_gemv(bx, qw, ws, mt=mt, warps=warps, split_k=split).double()
+                out = mma_gemv(bx, qw, ws, mt=mt, warps=warps, split_k=split, depth=depth).double()
             except Exception as e:  # noqa: BLE001 - a launch shape that does not compile is reported, not fatal
-                print(f"{name} mt {mt} warps {warps} split {split}: {type(e).__name__}: {e}", flush=True)
+                print(f"{name} {label}: {type(e).__name__}: {e}", flush=True)
                 continue
             err = ((out - ref).norm() / ref.norm()).item()
-            label = f"mma {mt}x16 rows x {warps} warps, split {split}"
             if not err < 4e-3:
                 print(f"{name} {label}: relative error {err:.3g}, skipped", flush=True)
                 rows.append({"candidate": label, "us": None, "tb_s": None, "err": err})
                 continue
 
-            def calls(copies=copies, bx=bx, mt=mt, warps=warps, split=split) -> None:
+            def calls(copies=copies, bx=bx, mt=mt, warps=warps, split=split, depth=depth) -> None:
                 for c in copies:
-                    mma_gemv(bx, c, ws, mt=mt, warps=warps, split_k=split)
+                    mma_gemv(bx, c, ws, mt=mt, warps=warps, split_k=split, depth=depth)
 
             t = graph_us(calls, len(copies))
             rows.append({"candidate": label, "us": t, "tb_s": nbytes / t / 1e6, "err": err})
         report[name] = rows
         timed = [r for r in rows if r["us"] is not None and r["candidate"].startswith("mma")]
-        for r in rows[:2] + sorted(timed, key=lambda r: r["us"])[:4]:
+        for r in rows[:3] + sorted(timed, key=lambda r: r["us"])[:4]:
             us, tb_s, err = r["us"], r["tb_s"], r["err"]
             print(f"{name:8s} {r['candidate']:36s} {us:7.2f} us {tb_s:5.2f} TB/s err {err:.2e}", flush=True)
     with open(sys.argv[1] if len(sys.argv) > 1 else "int4_mma_gemv.json", "w") as f:
