@@ -159,6 +159,52 @@ def b_operand(x: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = N
 
 
 @gluon.jit
+def _load_codes(px, py, q, ok_x, ok_y, live, CODE_CACHE: gl.constexpr):
+    """Pair q's codes: words of steps 2 q and 2 q + 1, rows g (x) and g + 8 (y), one 16-byte load each."""
+    xa = gl.load(px + q * 32, mask=ok_x & live, other=0, cache_modifier=CODE_CACHE)
+    ya = gl.load(py + q * 32, mask=ok_y & live, other=0, cache_modifier=CODE_CACHE)
+    xb = gl.load(px + q * 32 + 16, mask=ok_x & live, other=0, cache_modifier=CODE_CACHE)
+    yb = gl.load(py + q * 32 + 16, mask=ok_y & live, other=0, cache_modifier=CODE_CACHE)
+    return xa, ya, xb, yb
+
+
+@gluon.jit
+def _async_codes(cxa, cya, cxb, cyb, stage, px, py, q, ok_x, ok_y, live):
+    """`_load_codes` into shared-memory stage `stage` by cp.async, as one commit group."""
+    _async_load(cxa.index(stage), px + q * 32, mask=ok_x & live)
+    _async_load(cya.index(stage), py + q * 32, mask=ok_y & live)
+    _async_load(cxb.index(stage), px + q * 32 + 16, mask=ok_x & live)
+    _async_load(cyb.index(stage), py + q * 32 + 16, mask=ok_y & live)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _load_x_operand(pb, os_ptr, q, slot_step):
+    """Pair q's B pairs (four 16-byte loads per step) and each slot's step's O and S."""
+    ba = pb + q * 128
+    st = 2 * q + slot_step
+    return (
+        gl.load(ba), gl.load(ba + 4), gl.load(ba + 8), gl.load(ba + 12),
+        gl.load(ba + 64), gl.load(ba + 68), gl.load(ba + 72), gl.load(ba + 76),
+        gl.load(os_ptr + 2 * st), gl.load(os_ptr + 2 * st + 1),
+    )  # fmt: skip
+
+
+@gluon.jit
+def _load_scales(
+    s_rows, z_rows, ok_s, q, slot_step, z_const, GROUP_STEPS: gl.constexpr, ZERO_MODE: gl.constexpr
+):
+    """Each slot's scale and zero point for pair q, as stored (z_const without zero points)."""
+    grp = (2 * q + slot_step) // GROUP_STEPS
+    sc = gl.load(s_rows + grp, mask=ok_s, other=0.0)
+    if ZERO_MODE == 1:
+        z = gl.load(z_rows + grp, mask=ok_s, other=0)
+    else:
+        z = z_const
+    return sc, z
+
+
+@gluon.jit
 def _mma_gemv_kernel(
     b_ptr,
     os_ptr,
@@ -229,10 +275,7 @@ def _mma_gemv_kernel(
     # the bytes in flight then cost shared memory, not registers. Indices past the split clamp to its end.
     q = gl.minimum(p_lo, n_pairs - 1)
     if DEPTH == 0:
-        xa = gl.load(px + q * 32, mask=ok_x & any_work, other=0, cache_modifier=CODE_CACHE)
-        ya = gl.load(py + q * 32, mask=ok_y & any_work, other=0, cache_modifier=CODE_CACHE)
-        xb = gl.load(px + q * 32 + 16, mask=ok_x & any_work, other=0, cache_modifier=CODE_CACHE)
-        yb = gl.load(py + q * 32 + 16, mask=ok_y & any_work, other=0, cache_modifier=CODE_CACHE)
+        xa, ya, xb, yb = _load_codes(px, py, q, ok_x, ok_y, any_work, CODE_CACHE)
     else:
         SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])  # a [M, 8, 4, 4] stage
         cxa = gl.allocate_shared_memory(gl.int32, [DEPTH, M, 8, 4, 4], SL)
@@ -240,40 +283,17 @@ def _mma_gemv_kernel(
         cxb = gl.allocate_shared_memory(gl.int32, [DEPTH, M, 8, 4, 4], SL)
         cyb = gl.allocate_shared_memory(gl.int32, [DEPTH, M, 8, 4, 4], SL)
         for i in gl.static_range(DEPTH):
-            live = p_lo + i < p_hi
             qi = gl.minimum(p_lo + i, n_pairs - 1)
-            _async_load(cxa.index(i), px + qi * 32, mask=ok_x & live)
-            _async_load(cya.index(i), py + qi * 32, mask=ok_y & live)
-            _async_load(cxb.index(i), px + qi * 32 + 16, mask=ok_x & live)
-            _async_load(cyb.index(i), py + qi * 32 + 16, mask=ok_y & live)
-            async_copy.commit_group()
-    ba = pb + q * 128
-    b0 = gl.load(ba)
-    b1 = gl.load(ba + 4)
-    b2 = gl.load(ba + 8)
-    b3 = gl.load(ba + 12)
-    b4 = gl.load(ba + 64)
-    b5 = gl.load(ba + 68)
-    b6 = gl.load(ba + 72)
-    b7 = gl.load(ba + 76)
-    st = 2 * q + slot_step  # each slot's step (128 codes)
-    off = gl.load(os_ptr + 2 * st)
-    sx = gl.load(os_ptr + 2 * st + 1)
+            _async_codes(cxa, cya, cxb, cyb, i, px, py, qi, ok_x, ok_y, p_lo + i < p_hi)
+    b0, b1, b2, b3, b4, b5, b6, b7, off, sx = _load_x_operand(pb, os_ptr, q, slot_step)
     # scales and zero points are carried as loaded and converted where used: a conversion right after the
     # load would wait for it at the end of the iteration that issued it
-    sc = gl.load(s_rows + st // GROUP_STEPS, mask=ok_s, other=0.0)
-    if ZERO_MODE == 1:
-        z = gl.load(z_rows + st // GROUP_STEPS, mask=ok_s, other=0)
-    else:
-        z = gl.zeros([1, 1, 1, 4], gl.float32, L4) + ZERO_POINT
+    z_const = gl.zeros([1, 1, 1, 4], gl.float32, L4) + ZERO_POINT
+    sc, z = _load_scales(s_rows, z_rows, ok_s, q, slot_step, z_const, GROUP_STEPS, ZERO_MODE)
     for p in range(p_lo, p_hi):
-        more = p + 1 < p_hi
         q = gl.minimum(p + 1, p_hi - 1)
         if DEPTH == 0:
-            nxa = gl.load(px + q * 32, mask=ok_x & more, other=0, cache_modifier=CODE_CACHE)
-            nya = gl.load(py + q * 32, mask=ok_y & more, other=0, cache_modifier=CODE_CACHE)
-            nxb = gl.load(px + q * 32 + 16, mask=ok_x & more, other=0, cache_modifier=CODE_CACHE)
-            nyb = gl.load(py + q * 32 + 16, mask=ok_y & more, other=0, cache_modifier=CODE_CACHE)
+            nxa, nya, nxb, nyb = _load_codes(px, py, q, ok_x, ok_y, p + 1 < p_hi, CODE_CACHE)
         else:
             stage = (p - p_lo) % DEPTH
             async_copy.wait_group(DEPTH - 1)  # pair p's group has landed
@@ -282,27 +302,12 @@ def _mma_gemv_kernel(
             xb = cxb.index(stage).load(L4)
             yb = cyb.index(stage).load(L4)
         if DIAG < 2:
-            nba = pb + q * 128
-            nb0 = gl.load(nba)
-            nb1 = gl.load(nba + 4)
-            nb2 = gl.load(nba + 8)
-            nb3 = gl.load(nba + 12)
-            nb4 = gl.load(nba + 64)
-            nb5 = gl.load(nba + 68)
-            nb6 = gl.load(nba + 72)
-            nb7 = gl.load(nba + 76)
-            nst = 2 * q + slot_step
-            noff = gl.load(os_ptr + 2 * nst)
-            nsx = gl.load(os_ptr + 2 * nst + 1)
+            nb0, nb1, nb2, nb3, nb4, nb5, nb6, nb7, noff, nsx = _load_x_operand(pb, os_ptr, q, slot_step)
         else:
             nb0, nb1, nb2, nb3, nb4, nb5, nb6, nb7 = b0, b1, b2, b3, b4, b5, b6, b7
             noff, nsx = off, sx
         if DIAG < 1:
-            nsc = gl.load(s_rows + nst // GROUP_STEPS, mask=ok_s, other=0.0)
-            if ZERO_MODE == 1:
-                nz = gl.load(z_rows + nst // GROUP_STEPS, mask=ok_s, other=0)
-            else:
-                nz = z
+            nsc, nz = _load_scales(s_rows, z_rows, ok_s, q, slot_step, z_const, GROUP_STEPS, ZERO_MODE)
         else:
             nsc, nz = sc, z
         sums = gl.inline_asm_elementwise(
@@ -314,13 +319,8 @@ def _mma_gemv_kernel(
             xa, ya, xb, yb = nxa, nya, nxb, nyb
         else:
             # the stage just read (its values are in registers, consumed above) takes pair p + DEPTH
-            live = p + DEPTH < p_hi
             qd = gl.minimum(p + DEPTH, n_pairs - 1)
-            _async_load(cxa.index(stage), px + qd * 32, mask=ok_x & live)
-            _async_load(cya.index(stage), py + qd * 32, mask=ok_y & live)
-            _async_load(cxb.index(stage), px + qd * 32 + 16, mask=ok_x & live)
-            _async_load(cyb.index(stage), py + qd * 32 + 16, mask=ok_y & live)
-            async_copy.commit_group()
+            _async_codes(cxa, cya, cxb, cyb, stage, px, py, qd, ok_x, ok_y, p + DEPTH < p_hi)
         b0, b1, b2, b3, b4, b5, b6, b7 = nb0, nb1, nb2, nb3, nb4, nb5, nb6, nb7
         off, sx, sc, z = noff, nsx, nsc, nz
     if DEPTH > 0:
