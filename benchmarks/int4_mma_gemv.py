@@ -34,9 +34,11 @@ registers (gate/up 25.94, down 17.19). Nsight Compute: 13.8% achieved occupancy,
 busy, stalls on L1TEX scoreboards; half the instructions of f16x2 but no faster, so instruction count
 is not what limits the batch-1 int4 GEMV. DIAG=1: with the loop's scale and zero-point loads dropped,
 gate/up 22.6-24.5; with only the codes loaded, 21.7-27.9; deeper cp.async pipelines do not help (they
-add a CTA barrier per step). Even the codes alone stream at most ~3.3 TB/s in this structure.
+add a CTA barrier per step). Even the codes alone stream at most ~3.3 TB/s in this structure. Splitting
+each step's eight mmas into 2 or 4 independent chains (CHAINS) brings the best launches to gate/up 23.99,
+down 15.68, qkv 6.60, o 5.99: 52.3 us per layer against f16x2's 51.7 in the same call, still no win.
 
-    python benchmarks/int4_mma_gemv.py out.json      # env SHAPES, MTS, DEPTHS narrow the sweep
+    python benchmarks/int4_mma_gemv.py out.json      # env SHAPES, MTS, DEPTHS, CHAINS narrow it
     DIAG=1 python benchmarks/int4_mma_gemv.py out.json
     NCU=1,4,1,0 ncu --clock-control none --profile-from-start off --set full \
         python benchmarks/int4_mma_gemv.py
@@ -68,6 +70,7 @@ L2_OVERFLOW = 200 << 20
 STEP_WORDS = 16  # words of a row per step: 4 lanes x 4 words, one group of 128 codes
 # cp.async from global to shared memory: `async_load` from Triton 3.7 on, the older name before
 MTS = tuple(int(v) for v in os.environ.get("MTS", "1 2").split())  # 16-row tiles per warp
+CHAINS = tuple(int(v) for v in os.environ.get("CHAINS", "1 2").split())  # independent mma chains per step
 DEPTHS = tuple(int(v) for v in os.environ.get("DEPTHS", "0 2 4 6").split())  # code pairs in shared memory
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
@@ -80,11 +83,11 @@ def _regs(first: int, n: int = 4) -> str:
     return "{" + ", ".join(f"${first + i}" for i in range(n)) + "}"
 
 
-def _chain(acc: str, x: list[str], y: list[str], b: list[int]) -> list[str]:
-    """PTX of one step's eight mmas for one lane, summed into `acc` (four .f32 registers, zeroed first):
-    words x[j] of row g and y[j] of row g + 8, j = 0-3, and the B pairs of word j at $b[j] .. $b[j] + 3."""
+def _chain(acc: str, x: list[str], y: list[str], b: list[int], words: range) -> list[str]:
+    """PTX of one step's mmas over `words` for one lane, summed into `acc` (four .f32 registers, zeroed
+    first): words x[j] of row g and y[j] of row g + 8, and the B pairs of word j at $b[j] .. $b[j] + 3."""
     lines = [f"mov.b32 {r}, 0;" for r in acc.strip("{}").split(", ")]
-    for j in range(4):
+    for j in words:
         lines += [
             f"lop3.b32 a0, {x[j]}, 0x000F000F, 0x64006400, 0xEA;",
             f"lop3.b32 a1, {y[j]}, 0x000F000F, 0x64006400, 0xEA;",
@@ -102,21 +105,30 @@ def _chain(acc: str, x: list[str], y: list[str], b: list[int]) -> list[str]:
     return lines
 
 
-def _pair_asm() -> str:
+def _pair_asm(chains: int = 1) -> str:
     """PTX of two steps (A, B) of one lane, pack=4: outputs the step sums of row g for A ($0) and B ($1),
     and of row g + 8 for A ($2) and B ($3) (c0 and c2 of each chain: every column of C is the same);
     inputs the words j = 0-3 of A's rows g ($4-$7) and g + 8 ($8-$11), of B's ($12-$15, $16-$19), then the
-    B pairs of A's word j at $20 + 4 j .. $23 + 4 j (kinds 0-3, one 16-byte load) and of B's at $36 + 4 j."""
-    lines = ["{", ".reg .b32 a0, a1, a2, a3, xs, ys;", ".reg .f32 p0, p1, p2, p3, q0, q1, q2, q3;"]
-    lines += _chain("{p0, p1, p2, p3}", [f"${4 + j}" for j in range(4)], [f"${8 + j}" for j in range(4)],
-                    [20 + 4 * j for j in range(4)])  # fmt: skip
-    lines += _chain("{q0, q1, q2, q3}", [f"${12 + j}" for j in range(4)], [f"${16 + j}" for j in range(4)],
-                    [36 + 4 * j for j in range(4)])  # fmt: skip
-    lines += ["mov.b32 $0, p0;", "mov.b32 $1, q0;", "mov.b32 $2, p2;", "mov.b32 $3, q2;"]
+    B pairs of A's word j at $20 + 4 j .. $23 + 4 j (kinds 0-3, one 16-byte load) and of B's at $36 + 4 j.
+    Each step's eight mmas run as `chains` independent accumulations (8 / chains deep), summed at the end:
+    with one wave of few warps resident, a warp's own independent mmas are what can hide their latency."""
+    per = 4 // chains
+    accs = {(s, c): [f"{s}{c}_{i}" for i in range(4)] for s in "pq" for c in range(chains)}
+    lines = ["{", ".reg .b32 a0, a1, a2, a3, xs, ys;"]
+    lines += [f".reg .f32 {', '.join(regs)};" for regs in accs.values()]
+    for s, first in (("p", 4), ("q", 12)):
+        x, y = [f"${first + j}" for j in range(4)], [f"${first + 4 + j}" for j in range(4)]
+        b = [(20 if s == "p" else 36) + 4 * j for j in range(4)]
+        for c in range(chains):
+            acc = "{" + ", ".join(accs[s, c]) + "}"
+            lines += _chain(acc, x, y, b, range(c * per, (c + 1) * per))
+        for c in range(1, chains):  # rows g (c0) and g + 8 (c2)
+            lines += [f"add.f32 {s}0_0, {s}0_0, {s}{c}_0;", f"add.f32 {s}0_2, {s}0_2, {s}{c}_2;"]
+    lines += ["mov.b32 $0, p0_0;", "mov.b32 $1, q0_0;", "mov.b32 $2, p0_2;", "mov.b32 $3, q0_2;"]
     return "\n".join([*lines, "}"])
 
 
-PAIR_ASM = _pair_asm()
+PAIR_ASMS = {chains: _pair_asm(chains) for chains in (1, 2, 4)}
 
 
 @triton.jit
@@ -367,6 +379,7 @@ def mma_gemv(
     depth: int = 0,
     diag: int = 0,
     code_cache: str = "",
+    chains: int = 1,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """x @ W.T for one row, x given as its B operand (`b_operand`); int4 groups of 128 or 256."""
@@ -399,7 +412,7 @@ def mma_gemv(
         GROUP_STEPS=weight.group_size // 128,
         MT=mt,
         WARPS=warps,
-        PAIR=PAIR_ASM,
+        PAIR=PAIR_ASMS[chains],
         DEPTH=depth,
         DIAG=diag,
         CODE_CACHE=code_cache,
@@ -473,11 +486,13 @@ def diagnose() -> None:
         copies = l2_overflowing_copies(qw)
         bx = b_operand(x)
         variants = [(0, ""), (0, ".cg"), (1, ""), (2, ""), (2, ".cg")]
-        for (mt, warps, split, depth), (diag, cache) in itertools.product(shapes, variants):
+        for (mt, warps, split, depth), (diag, cache), chains in itertools.product(shapes, variants, CHAINS):
             if depth and cache:
                 continue  # cp.async already bypasses the L1
 
-            launch = dict(mt=mt, warps=warps, split_k=split, depth=depth, diag=diag, code_cache=cache)
+            launch = dict(
+                mt=mt, warps=warps, split_k=split, depth=depth, diag=diag, code_cache=cache, chains=chains
+            )
 
             def calls(copies=copies, bx=bx, launch=launch) -> None:
                 for c in copies:
@@ -486,7 +501,9 @@ def diagnose() -> None:
             t = graph_us(calls, len(copies))
             what = ("full", "no scale / zero loads", "codes only")[diag]
             what += f", codes {cache}" if cache else ""
-            label = f"{name} {mt}x16 rows x {warps} warps, split {split}, depth {depth}: {what}"
+            label = (
+                f"{name} {mt}x16 rows x {warps} warps, split {split}, depth {depth}, {chains} chains: {what}"
+            )
             report[label] = t
             print(f"{label:76s} {t:7.2f} us {qw.nbytes / t / 1e6:5.2f} TB/s", flush=True)
     with open(sys.argv[1] if len(sys.argv) > 1 else "int4_mma_diag.json", "w") as f:
@@ -535,14 +552,17 @@ def main() -> None:
             rows.append({"candidate": f"f16x2, {label}", "us": t, "tb_s": nbytes / t / 1e6, "err": e})
         t = graph_us(lambda x=x, bx=bx: b_operand(x, bx), 1)
         rows.append({"candidate": "B operand launch alone", "us": t, "tb_s": 0.0, "err": 0.0})
-        for mt, warps, split, depth in itertools.product(MTS, (4, 8), (1, 2, 4, 8, 16), DEPTHS):
+        for mt, warps, split, depth, chains in itertools.product(
+            MTS, (4, 8), (1, 2, 4, 8, 16), DEPTHS, CHAINS
+        ):
             tiles = -(-n // (16 * mt * warps))
             if split > 1 and tiles * split > 16 * ws.num_sms or k // 256 < split:  # a pair per split
                 continue
             codes = f"{depth} in smem" if depth else "regs"
-            label = f"mma {mt}x16 rows x {warps} warps, split {split}, {codes}"
+            label = f"mma {mt}x16 rows x {warps} warps, split {split}, {codes}, {chains} chains"
+            launch = dict(mt=mt, warps=warps, split_k=split, depth=depth, chains=chains)
             try:
-                out = mma_gemv(bx, qw, ws, mt=mt, warps=warps, split_k=split, depth=depth).double()
+                out = mma_gemv(bx, qw, ws, **launch).double()
             except Exception as e:  # noqa: BLE001 - a launch shape that does not compile is reported, not fatal
                 print(f"{name} {label}: {type(e).__name__}: {e}", flush=True)
                 continue
@@ -552,9 +572,9 @@ def main() -> None:
                 rows.append({"candidate": label, "us": None, "tb_s": None, "err": err})
                 continue
 
-            def calls(copies=copies, bx=bx, mt=mt, warps=warps, split=split, depth=depth) -> None:
+            def calls(copies=copies, bx=bx, launch=launch) -> None:
                 for c in copies:
-                    mma_gemv(bx, c, ws, mt=mt, warps=warps, split_k=split, depth=depth)
+                    mma_gemv(bx, c, ws, **launch)
 
             t = graph_us(calls, len(copies))
             rows.append({"candidate": label, "us": t, "tb_s": nbytes / t / 1e6, "err": err})
