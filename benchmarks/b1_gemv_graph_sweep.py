@@ -13,6 +13,7 @@ first; writes JSON to argv[1].
     python benchmarks/b1_gemv_graph_sweep.py out.json [layer ...]   # qkv o down head (default: all four)
 
 CONFIGS="bn,bk,split,warps,stages;..." times those launch shapes after the default instead of a sample.
+ROWS="16 32" and WARPS="4" narrow the sampled space's rows per tile and warps; SAMPLE=0 times all of it.
 """
 
 import functools
@@ -48,10 +49,12 @@ def candidates(n: int, k: int) -> list[GemvConfig]:
     if os.environ.get("CONFIGS"):
         return [GemvConfig(*map(int, c.split(","))) for c in os.environ["CONFIGS"].split(";")]
     splits = (1,) if n >= 16384 else ((2, 4, 8) if k < 12288 else (4, 8, 16))
-    space = itertools.product((16, 32, 64, 128), (128, 256, 512), splits, (2, 3, 4, 5), (4, 8))
+    rows = tuple(int(v) for v in os.environ.get("ROWS", "16 32 64 128").split())
+    warps = tuple(int(v) for v in os.environ.get("WARPS", "4 8").split())
+    space = itertools.product(rows, (128, 256, 512), splits, (2, 3, 4, 5), warps)
     out = [GemvConfig(bn, bk, sk, w, st) for bn, bk, sk, st, w in space if k // sk >= 2 * bk]
     random.Random(n * k).shuffle(out)
-    return out[:SAMPLE]
+    return out[:SAMPLE] if SAMPLE else out
 
 
 def main() -> None:

@@ -30,6 +30,9 @@
 #                                            # activation pairs (`paired_input`, on): its GPU tests, batch 1
 #                                            # with it and without
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
+#   bash benchmarks/gpu_session.sh tiles32   # the f16x2 GEMV's 32-row tiles (the default since the 31st
+#                                            # session) against 64-row ones: its GPU tests, int4 batch 1
+#                                            # with each, alternating
 #                                            # (loads, scales, activations, decoding) beside a copy
 #   bash benchmarks/gpu_session.sh kvlayout  # head-major KV pages (HND) against NHD: tests/layers (both),
 #                                            # the attention bench in both, workload 3 and 32k with HND
@@ -589,7 +592,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     run fp8 $LAT --shape qwen2.5-7b $SHORT --quantization fp8 --output-json "$OUT/lat_fp8.json"
     ;;
   b1sweep)  # batch-1 fp8 GEMV launch shapes in CUDA graphs over L2-overflowing weight copies (qkv, o, down,
-    # LM head), the default first
+    # LM head; LAYERS, and ROWS / WARPS / SAMPLE to narrow or widen the sample: see the script), the
+    # default first
     SAMPLE=${SAMPLE:-30} timeout 500 python benchmarks/b1_gemv_graph_sweep.py "$OUT/b1_sweep.json" ${LAYERS:-} 2>&1 \
       | grep -v -i warn
     ;;
@@ -759,11 +763,28 @@ M.decode_quantize_min_n = 1 << 30; from qwick.entrypoints.cli import main; sys.e
       run b1_${q}_off python -c "$OFF" $B1 --output-json "$OUT/b1_${q}_off.json"
     done
     ;;
+  tiles32)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
+      tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
+    ROWS64="import sys, triton; import qwick.kernels.row_gemv_half2 as h
+def rows64(n, kw, num_sms):  # the default before the 31st session: 64 rows, grids up to 4 programs per SM
+    tiles, k_tiles, split = triton.cdiv(n, 64), kw // h.tile_words_for(kw), 1
+    while tiles * split < 4 * num_sms and k_tiles >= 2 * split:
+        split *= 2
+    return h.RowGemvConfig(64, h.tile_words_for(kw), split)
+h.default_half2_config = rows64
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
+    for i in ${REPS_LIST:-1 2}; do
+      run "b1_int4_rows32_$i" $CLI $B1 --output-json "$OUT/b1_int4_rows32_$i.json"
+      run "b1_int4_rows64_$i" python -c "$ROWS64" $B1 --output-json "$OUT/b1_int4_rows64_$i.json"
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|tiles32|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

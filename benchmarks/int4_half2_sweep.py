@@ -1,8 +1,11 @@
 """Batch-1 int4 GEMV: the packed-fp16 kernel (`qwick.kernels.row_gemv_half2`) over launch shapes, beside
 the fp32 row GEMV (`qwick.kernels.row_gemv`) at its default, at the qwen2.5-7b layer shapes. Each candidate
 is checked against float64, then timed as decode runs it: CUDA-graph replays over weight copies that
-together overflow the L2. Prints the default and the best three per shape and the per-layer sums; argv[1]:
-JSON out. With TRITON_INTERPRET=1 on the CPU: tiny shapes, a smoke test without timings.
+together overflow the L2, the f16x2 kernel reading the `HalfPairs` operand x's producer writes (env
+PAIRS=0: pairing x in registers instead). Each launch shape runs with and without the two-tile register
+prefetch (`RowGemvConfig.prefetch`); env TILE_WORDS (default "16 32") narrows the tiles. Prints the
+default and the best three per shape and the per-layer sums; argv[1]: JSON out. With TRITON_INTERPRET=1
+on the CPU: tiny shapes, a smoke test without timings.
 """
 
 import itertools
@@ -17,13 +20,16 @@ import triton
 sys.path.insert(0, os.getcwd())
 from qwick.kernels.gemv import GemvWorkspace  # noqa: E402
 from qwick.kernels.row_gemv import RowGemvConfig, w4_row_gemv  # noqa: E402
-from qwick.kernels.row_gemv_half2 import default_half2_config, w4_half2_gemv  # noqa: E402
+from qwick.kernels.row_gemv_half2 import default_half2_config, half_pairs, w4_half2_gemv  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import dequantize  # noqa: E402
 
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 L2_OVERFLOW = 200 << 20
+ROWS_WARPS = ((16, 2), (32, 2), (64, 2), (64, 8), (128, 8))  # rows per tile against warps
 CUDA = torch.cuda.is_available()
+PAIRS = os.environ.get("PAIRS", "1") != "0"
+TILE_WORDS = tuple(int(v) for v in os.environ.get("TILE_WORDS", "16 32").split())
 if not CUDA:
     SHAPES = {"tiny": (64, 512)}
 
@@ -56,34 +62,42 @@ def main() -> None:
             copies = copies[:1]
         kw = k // 8
         cands = [("fp32 row GEMV, default", None)]
-        cands.append(("f16x2, default", default_half2_config(n, kw, ws.num_sms)))
-        for bn, bw, split in itertools.product((32, 64, 128), (16, 32), (1, 2, 4, 8, 16)):
-            # splits beyond about eight programs per SM only add reduction work
-            if kw % bw == 0 and kw // bw >= split and (split == 1 or (n // bn) * split <= 8 * ws.num_sms):
-                cands.append((f"f16x2 {bn}x{bw} split {split}", RowGemvConfig(bn, bw, split)))
         base = default_half2_config(n, kw, ws.num_sms)
-        for bn, warps in ((32, 2), (64, 2), (128, 8), (256, 8)):  # rows per thread against warps per SM
-            cfg = replace(base, block_n=bn, num_warps=warps)
-            cands.append((f"f16x2 {bn}x{cfg.block_k} split {cfg.split_k}, {warps} warps", cfg))
+        cands.append(("f16x2, default", base))
+        for bn, bw, split, pf in itertools.product(
+            (16, 32, 64, 128), TILE_WORDS, (1, 2, 4, 8, 16), (False, True)
+        ):
+            # splits beyond about twelve programs per SM only add reduction work (`default_half2_config`)
+            if kw % bw == 0 and kw // bw >= split and (split == 1 or (n // bn) * split <= 12 * ws.num_sms):
+                label = f"f16x2 {bn}x{bw} split {split}" + (", prefetch" if pf else "")
+                cands.append((label, RowGemvConfig(bn, bw, split, prefetch=pf)))
+        for (bn, warps), pf in itertools.product(ROWS_WARPS, (False, True)):
+            cfg = replace(base, block_n=bn, num_warps=warps, prefetch=pf)  # rows per thread against warps
+            label = f"f16x2 {bn}x{cfg.block_k} split {cfg.split_k}, {warps} warps" + (
+                ", prefetch" if pf else ""
+            )
+            cands.append((label, cfg))
+        pairs = half_pairs(x) if PAIRS else None
         rows = []
         for label, cfg in cands:
             fn = w4_row_gemv if label.startswith("fp32") else w4_half2_gemv
-            out = fn(x, qw, None, ws, cfg).double()
+            kwargs = {"pairs": pairs} if fn is w4_half2_gemv else {}
+            out = fn(x, qw, None, ws, cfg, **kwargs).double()
             err = ((out - ref).norm() / ref.norm()).item()
             if err > 4e-3:
                 print(f"{name} {label}: relative error {err:.3g}, skipped", flush=True)
                 continue
 
-            def calls(fn=fn, cfg=cfg, x=x, copies=copies) -> None:
+            def calls(fn=fn, cfg=cfg, x=x, copies=copies, kwargs=kwargs) -> None:
                 for c in copies:
-                    fn(x, c, None, ws, cfg)
+                    fn(x, c, None, ws, cfg, **kwargs)
 
             t = graph_us(calls, len(copies))
             rows.append({"candidate": label, "us": t, "tb_s": nbytes / t / 1e6, "err": err})
         report[name] = rows
         best = sorted((r for r in rows if "default" not in r["candidate"]), key=lambda r: r["us"])[:3]
         for r in [r for r in rows if "default" in r["candidate"]] + best:
-            print(f"{name:8s} {r['candidate']:28s} {r['us']:7.1f} us {r['tb_s']:5.2f} TB/s", flush=True)
+            print(f"{name:8s} {r['candidate']:40s} {r['us']:7.1f} us {r['tb_s']:5.2f} TB/s", flush=True)
     for label in ("fp32 row GEMV, default", "f16x2, default"):
         total = sum(next(r["us"] for r in report[s] if r["candidate"] == label) for s in report)
         print(f"per layer, {label}: {total:.1f} us")

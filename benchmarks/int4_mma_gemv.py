@@ -61,7 +61,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 sys.path.insert(0, os.getcwd())
 from qwick.kernels.gemv import GemvWorkspace  # noqa: E402
-from qwick.kernels.row_gemv_half2 import X_DIV, default_half2_config, w4_half2_gemv  # noqa: E402
+from qwick.kernels.row_gemv_half2 import default_half2_config, half_pairs, w4_half2_gemv  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import QuantizedWeight, dequantize  # noqa: E402
 
@@ -419,13 +419,6 @@ def mma_gemv(
         num_warps=warps,
     )
     return y
-
-
-def half_pairs(x: torch.Tensor) -> torch.Tensor:
-    """x [1, K] -> its `HalfPairs` operand, int32 [1, K / 2]: per word w the fp16 pairs (x[8w + p],
-    x[8w + p + 4]) / X_DIV, p = 0-3, as the engine's RMSNorm and SiLU-and-mul write it for decode."""
-    h = (x.float() / X_DIV).to(torch.float16).view(-1, 2, 4)  # [word, half, p]
-    return h.transpose(1, 2).contiguous().view(torch.int32).view(1, -1)
 
 
 def l2_overflowing_copies(qw: QuantizedWeight) -> list[QuantizedWeight]:

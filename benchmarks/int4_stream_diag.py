@@ -37,7 +37,7 @@ from qwick.kernels.row_gemv import (  # noqa: E402
     decode_tile_dot,
     group_scale_and_zero,
 )
-from qwick.kernels.row_gemv_half2 import DOT4_ASM, X_DIV  # noqa: E402
+from qwick.kernels.row_gemv_half2 import DOT4_ASM, X_DIV, half_pairs  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import dequantize  # noqa: E402
 
@@ -50,8 +50,7 @@ _X_DIV = tl.constexpr(X_DIV)
 
 def half2_pairs(x: torch.Tensor) -> torch.Tensor:
     """x [1, K] -> int32 [K / 8, 4]: per word, the fp16 pairs (x[8w + p], x[8w + p + 4]) / X_DIV."""
-    h = (x.float() / X_DIV).to(torch.float16).view(-1, 2, 4)  # [word, half, p]
-    return h.transpose(1, 2).contiguous().view(torch.int32).view(-1, 4)
+    return half_pairs(x).view(-1, 4)
 
 
 @triton.jit

@@ -95,8 +95,20 @@ def _wait_for(counter_ptr, target, LOAD_POLL: gl.constexpr):
 
 
 @gluon.jit
-def _flush(acc, op, rb, op_tab, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr, expect_ptr,
-           BN: gl.constexpr, ROW_L: gl.constexpr, OUT_L: gl.constexpr):
+def _flush(
+    acc,
+    op,
+    rb,
+    op_tab,
+    ysum_ptr,
+    xbuf_ptr,
+    scale_ptr,
+    sema_ptr,
+    expect_ptr,
+    BN: gl.constexpr,
+    ROW_L: gl.constexpr,
+    OUT_L: gl.constexpr,
+):
     """Adds a row block's partial sums; the last of its programs writes the block's bf16 output."""
     base = op_tab + op * 8
     kind = gl.load(base + 1)
@@ -140,8 +152,18 @@ def _row_sums(acc, F16: gl.constexpr):
 
 
 @gluon.jit
-def _producer(w_desc, op_tab, n_ops, ring, ready, empty, BN: gl.constexpr, BK: gl.constexpr,
-              STAGES: gl.constexpr, LOAD: gl.constexpr):
+def _producer(
+    w_desc,
+    op_tab,
+    n_ops,
+    ring,
+    ready,
+    empty,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    LOAD: gl.constexpr,
+):
     """One warp: streams this program's weight tiles of every operation into the ring, as far ahead as
     the ring has room: it never waits for activations. Without LOAD (a diagnostic) it hands the slots
     over unfilled, so the consumers run at their own speed on whatever the ring holds."""
@@ -158,19 +180,42 @@ def _producer(w_desc, op_tab, n_ops, ring, ready, empty, BN: gl.constexpr, BK: g
             mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
             if LOAD:
                 mbarrier.expect(ready.index(slot), BN * BK)
-                tma.async_copy_global_to_shared(w_desc, [(tile0 + t) * BN, 0], ready.index(slot),
-                                                ring.index(slot))
+                tma.async_copy_global_to_shared(
+                    w_desc, [(tile0 + t) * BN, 0], ready.index(slot), ring.index(slot)
+                )
             else:
                 mbarrier.arrive(ready.index(slot), count=1)
             i += 1
 
 
 @gluon.jit
-def _consumer(op_tab, n_ops, ring, ready, empty, xs_w, xs, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr,
-              expect_ptr, counter_ptr, BN: gl.constexpr, BK: gl.constexpr, X_ROWS: gl.constexpr,
-              X_CHUNK: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, COMPUTE: gl.constexpr,
-              BARRIER: gl.constexpr, LOAD_POLL: gl.constexpr, F16: gl.constexpr,
-              SYNC_RELEASE: gl.constexpr, FENCE: gl.constexpr):
+def _consumer(
+    op_tab,
+    n_ops,
+    ring,
+    ready,
+    empty,
+    xs_w,
+    xs,
+    ysum_ptr,
+    xbuf_ptr,
+    scale_ptr,
+    sema_ptr,
+    expect_ptr,
+    counter_ptr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    X_ROWS: gl.constexpr,
+    X_CHUNK: gl.constexpr,
+    STAGES: gl.constexpr,
+    WARPS: gl.constexpr,
+    COMPUTE: gl.constexpr,
+    BARRIER: gl.constexpr,
+    LOAD_POLL: gl.constexpr,
+    F16: gl.constexpr,
+    SYNC_RELEASE: gl.constexpr,
+    FENCE: gl.constexpr,
+):
     """The other warps: per operation, wait for the last one's output, copy it into shared memory, then
     multiply-accumulate the ring's tiles elementwise ([BN, BK] sums, reduced once per row block). Without
     COMPUTE (a diagnostic) they only hand each slot back: the weights stream, the barriers still run.
@@ -227,21 +272,62 @@ def _consumer(op_tab, n_ops, ring, ready, empty, xs_w, xs, ysum_ptr, xbuf_ptr, s
             i += 1
             kt += 1
             if kt == kts:
-                _flush(_row_sums(acc, F16), op, rb, op_tab, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr,
-                       expect_ptr, BN, ROW_L, OUT_L)
+                _flush(
+                    _row_sums(acc, F16),
+                    op,
+                    rb,
+                    op_tab,
+                    ysum_ptr,
+                    xbuf_ptr,
+                    scale_ptr,
+                    sema_ptr,
+                    expect_ptr,
+                    BN,
+                    ROW_L,
+                    OUT_L,
+                )
                 acc = _zero_acc(BN, BK, L, F16)
                 kt = 0
                 rb += 1
         if kt != 0:
-            _flush(_row_sums(acc, F16), op, rb, op_tab, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr, expect_ptr,
-                   BN, ROW_L, OUT_L)
+            _flush(
+                _row_sums(acc, F16),
+                op,
+                rb,
+                op_tab,
+                ysum_ptr,
+                xbuf_ptr,
+                scale_ptr,
+                sema_ptr,
+                expect_ptr,
+                BN,
+                ROW_L,
+                OUT_L,
+            )
         _arrive(counter_ptr)
 
 
 @gluon.jit
-def _consumer_mma(op_tab, n_ops, ring, ready, empty, xq, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr, expect_ptr,
-                  counter_ptr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-                  BARRIER: gl.constexpr, PROLOGUE: gl.constexpr):
+def _consumer_mma(
+    op_tab,
+    n_ops,
+    ring,
+    ready,
+    empty,
+    xq,
+    ysum_ptr,
+    xbuf_ptr,
+    scale_ptr,
+    sema_ptr,
+    expect_ptr,
+    counter_ptr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    WARPS: gl.constexpr,
+    BARRIER: gl.constexpr,
+    PROLOGUE: gl.constexpr,
+):
     """The tensor-core consumer (W8A8): per operation, after the barrier, each program loads only the K
     tiles of the activations its tile range touches, scales them by their own amax into fp8 codes, and
     writes each as row 0 of an [8, BK] block (rows 1-7 stay zero). Every weight tile is then the A
@@ -250,8 +336,9 @@ def _consumer_mma(op_tab, n_ops, ring, ready, empty, xq, ysum_ptr, xbuf_ptr, sca
     diagnostic, its outputs wrong) the activation codes are not rebuilt after each barrier."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                    instr_shape=[16, 8, 32])
+    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8, 32]
+    )
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
     OUT_L: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     XL: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [WARPS, 1], [1, 0])
@@ -277,8 +364,9 @@ def _consumer_mma(op_tab, n_ops, ring, ready, empty, xq, ysum_ptr, xbuf_ptr, sca
         x_scale = 1.0
         if PROLOGUE:
             kt_of = (kt_lo + xr) % kts
-            xv = gl.load(xbuf_ptr + in_off + kt_of * BK + xc, mask=xr < n_kt, other=0.0,
-                         cache_modifier=".cg").to(gl.float32)
+            xv = gl.load(
+                xbuf_ptr + in_off + kt_of * BK + xc, mask=xr < n_kt, other=0.0, cache_modifier=".cg"
+            ).to(gl.float32)
             amax = gl.max(gl.max(gl.abs(xv), axis=1), axis=0)
             x_scale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
             xq_row0.store((xv / x_scale).to(gl.float8e4nv))
@@ -299,20 +387,55 @@ def _consumer_mma(op_tab, n_ops, ring, ready, empty, xq, ysum_ptr, xbuf_ptr, sca
             i += 1
             kt += 1
             if kt == kts:
-                _flush(gl.sum(acc, axis=1) * x_scale, op, rb, op_tab, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr,
-                       expect_ptr, BN, ROW_L, OUT_L)
+                _flush(
+                    gl.sum(acc, axis=1) * x_scale,
+                    op,
+                    rb,
+                    op_tab,
+                    ysum_ptr,
+                    xbuf_ptr,
+                    scale_ptr,
+                    sema_ptr,
+                    expect_ptr,
+                    BN,
+                    ROW_L,
+                    OUT_L,
+                )
                 acc = gl.zeros([BN, 8], gl.float32, MMA_L)
                 kt = 0
                 rb += 1
         if kt != 0:
-            _flush(gl.sum(acc, axis=1) * x_scale, op, rb, op_tab, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr,
-                   expect_ptr, BN, ROW_L, OUT_L)
+            _flush(
+                gl.sum(acc, axis=1) * x_scale,
+                op,
+                rb,
+                op_tab,
+                ysum_ptr,
+                xbuf_ptr,
+                scale_ptr,
+                sema_ptr,
+                expect_ptr,
+                BN,
+                ROW_L,
+                OUT_L,
+            )
         _arrive(counter_ptr)
 
 
 @gluon.jit
-def _producer_dyn(w_desc, op_tab, n_ops, ring, ready, empty, tile_ids, grab_ptr, BN: gl.constexpr,
-                  BK: gl.constexpr, STAGES: gl.constexpr):
+def _producer_dyn(
+    w_desc,
+    op_tab,
+    n_ops,
+    ring,
+    ready,
+    empty,
+    tile_ids,
+    grab_ptr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+):
     """One warp: takes chunks of CHUNK tiles of each operation from a shared counter until none are left,
     so a program that streams faster takes more of them; each slot's tile index goes beside it, and a
     slot marked -1 (no data) ends the program's share of the operation."""
@@ -329,8 +452,9 @@ def _producer_dyn(w_desc, op_tab, n_ops, ring, ready, empty, tile_ids, grab_ptr,
                 mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
                 tile_ids.index(slot).store(gl.full([1], t, gl.int32, ID_L))
                 mbarrier.expect(ready.index(slot), BN * BK)
-                tma.async_copy_global_to_shared(w_desc, [(tile0 + t) * BN, 0], ready.index(slot),
-                                                ring.index(slot))
+                tma.async_copy_global_to_shared(
+                    w_desc, [(tile0 + t) * BN, 0], ready.index(slot), ring.index(slot)
+                )
                 i += 1
             c = gl.atomic_add(grab_ptr + op, 1, sem="relaxed", scope="gpu")
         slot = i % STAGES
@@ -349,16 +473,34 @@ def _next_tile(i, ready, tile_ids, STAGES: gl.constexpr, WARPS: gl.constexpr):
 
 
 @gluon.jit
-def _consumer_dyn(op_tab, n_ops, ring, ready, empty, tile_ids, xq, xq_scale, ysum_ptr, xbuf_ptr, scale_ptr,
-                  sema_ptr, expect_ptr, counter_ptr, BN: gl.constexpr, BK: gl.constexpr,
-                  STAGES: gl.constexpr, WARPS: gl.constexpr):
+def _consumer_dyn(
+    op_tab,
+    n_ops,
+    ring,
+    ready,
+    empty,
+    tile_ids,
+    xq,
+    xq_scale,
+    ysum_ptr,
+    xbuf_ptr,
+    scale_ptr,
+    sema_ptr,
+    expect_ptr,
+    counter_ptr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    WARPS: gl.constexpr,
+):
     """The tensor-core consumer for dynamically taken chunks. A program cannot know in advance which K
     tiles it will need, so after each barrier it codes the whole activation vector: K tile kt is row
     kt % 8 of [8, BK] block kt // 8, each block with its own fp8 scale. A weight tile's wgmma against
     its block gives [BN, 8] sums, of which column kt % 8 is the tile's; each chunk's sums are flushed
     (the host sets every row block's expected count to its chunks)."""
-    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                    instr_shape=[16, 8, 32])
+    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8, 32]
+    )
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
     OUT_L: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     BL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [WARPS, 1], [1, 0])
@@ -374,8 +516,9 @@ def _consumer_dyn(op_tab, n_ops, ring, ready, empty, tile_ids, xq, xq_scale, ysu
         _wait_for(counter_ptr, op * nprog, False)
         for b in gl.static_range(X_BLOCKS):
             r = b * 8 + br
-            xv = gl.load(xbuf_ptr + in_off + r * BK + bc, mask=r < kts, other=0.0,
-                         cache_modifier=".cg").to(gl.float32)
+            xv = gl.load(xbuf_ptr + in_off + r * BK + bc, mask=r < kts, other=0.0, cache_modifier=".cg").to(
+                gl.float32
+            )
             amax = gl.max(gl.max(gl.abs(xv), axis=1), axis=0)
             sc = gl.where(amax > 0, amax / FP8_MAX, 1.0)
             xq.index(b).store((xv / sc).to(gl.float8e4nv))
@@ -387,16 +530,33 @@ def _consumer_dyn(op_tab, n_ops, ring, ready, empty, tile_ids, xq, xq_scale, ysu
         while tid >= 0:
             slot = i % STAGES
             kt = tid % kts
-            part = warpgroup_mma(ring.index(slot), xq.index(kt // 8).permute((1, 0)),
-                                 gl.zeros([BN, 8], gl.float32, MMA_L), use_acc=False, is_async=True)
+            part = warpgroup_mma(
+                ring.index(slot),
+                xq.index(kt // 8).permute((1, 0)),
+                gl.zeros([BN, 8], gl.float32, MMA_L),
+                use_acc=False,
+                is_async=True,
+            )
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             gl.thread_barrier()  # both warpgroups' wgmmas are done with the slot
             mbarrier.arrive(empty.index(slot), count=1)
             sc = gl.max(xq_scale.index(kt // 8).load(S_L), axis=0)
             acc += gl.sum(gl.where(col == kt % 8, part, 0.0), axis=1) * sc
             if kt % CHUNK == CHUNK - 1:
-                _flush(acc, op, tid // kts, op_tab, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr, expect_ptr, BN,
-                       ROW_L, OUT_L)
+                _flush(
+                    acc,
+                    op,
+                    tid // kts,
+                    op_tab,
+                    ysum_ptr,
+                    xbuf_ptr,
+                    scale_ptr,
+                    sema_ptr,
+                    expect_ptr,
+                    BN,
+                    ROW_L,
+                    OUT_L,
+                )
                 acc = gl.zeros([BN], gl.float32, ROW_L)
             i += 1
             tid = _next_tile(i, ready, tile_ids, STAGES, WARPS)
@@ -407,12 +567,33 @@ def _consumer_dyn(op_tab, n_ops, ring, ready, empty, tile_ids, xq, xq_scale, ysu
 
 
 @gluon.jit
-def _chain_kernel(w_desc, op_tab, n_ops, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr, expect_ptr, counter_ptr,
-                  grab_ptr,
-                  BN: gl.constexpr, BK: gl.constexpr, X_ROWS: gl.constexpr, X_CHUNK: gl.constexpr,
-                  STAGES: gl.constexpr, WARPS: gl.constexpr, COMPUTE: gl.constexpr, BARRIER: gl.constexpr,
-                  LOAD_POLL: gl.constexpr, F16: gl.constexpr, SYNC_RELEASE: gl.constexpr,
-                  FENCE: gl.constexpr, LOAD: gl.constexpr, MMA: gl.constexpr, DYN: gl.constexpr):
+def _chain_kernel(
+    w_desc,
+    op_tab,
+    n_ops,
+    ysum_ptr,
+    xbuf_ptr,
+    scale_ptr,
+    sema_ptr,
+    expect_ptr,
+    counter_ptr,
+    grab_ptr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    X_ROWS: gl.constexpr,
+    X_CHUNK: gl.constexpr,
+    STAGES: gl.constexpr,
+    WARPS: gl.constexpr,
+    COMPUTE: gl.constexpr,
+    BARRIER: gl.constexpr,
+    LOAD_POLL: gl.constexpr,
+    F16: gl.constexpr,
+    SYNC_RELEASE: gl.constexpr,
+    FENCE: gl.constexpr,
+    LOAD: gl.constexpr,
+    MMA: gl.constexpr,
+    DYN: gl.constexpr,
+):
     ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -421,35 +602,122 @@ def _chain_kernel(w_desc, op_tab, n_ops, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr
         mbarrier.init(empty.index(p), count=1)
     if DYN:
         tile_ids = gl.allocate_shared_memory(gl.int32, [STAGES, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        xq = gl.allocate_shared_memory(gl.float8e4nv, [X_BLOCKS, 8, BK],
-                                       gl.NVMMASharedLayout.get_default_for([8, BK], gl.float8e4nv))
+        xq = gl.allocate_shared_memory(
+            gl.float8e4nv, [X_BLOCKS, 8, BK], gl.NVMMASharedLayout.get_default_for([8, BK], gl.float8e4nv)
+        )
         xq_scale = gl.allocate_shared_memory(gl.float32, [X_BLOCKS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        gl.warp_specialize([
-            (_consumer_dyn, (op_tab, n_ops, ring, ready, empty, tile_ids, xq, xq_scale, ysum_ptr, xbuf_ptr,
-                             scale_ptr, sema_ptr, expect_ptr, counter_ptr, BN, BK, STAGES, WARPS)),
-            (_producer_dyn, (w_desc, op_tab, n_ops, ring, ready, empty, tile_ids, grab_ptr, BN, BK, STAGES)),
-        ], [1], [24])
+        gl.warp_specialize(
+            [
+                (
+                    _consumer_dyn,
+                    (
+                        op_tab,
+                        n_ops,
+                        ring,
+                        ready,
+                        empty,
+                        tile_ids,
+                        xq,
+                        xq_scale,
+                        ysum_ptr,
+                        xbuf_ptr,
+                        scale_ptr,
+                        sema_ptr,
+                        expect_ptr,
+                        counter_ptr,
+                        BN,
+                        BK,
+                        STAGES,
+                        WARPS,
+                    ),
+                ),
+                (
+                    _producer_dyn,
+                    (w_desc, op_tab, n_ops, ring, ready, empty, tile_ids, grab_ptr, BN, BK, STAGES),
+                ),
+            ],
+            [1],
+            [24],
+        )
     elif MMA:
-        xq = gl.allocate_shared_memory(gl.float8e4nv, [MAX_KT, 8, BK],
-                                       gl.NVMMASharedLayout.get_default_for([8, BK], gl.float8e4nv))
-        gl.warp_specialize([
-            (_consumer_mma, (op_tab, n_ops, ring, ready, empty, xq, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr,
-                             expect_ptr, counter_ptr, BN, BK, STAGES, WARPS, BARRIER, COMPUTE)),
-            (_producer, (w_desc, op_tab, n_ops, ring, ready, empty, BN, BK, STAGES, LOAD)),
-        ], [1], [24])
+        xq = gl.allocate_shared_memory(
+            gl.float8e4nv, [MAX_KT, 8, BK], gl.NVMMASharedLayout.get_default_for([8, BK], gl.float8e4nv)
+        )
+        gl.warp_specialize(
+            [
+                (
+                    _consumer_mma,
+                    (
+                        op_tab,
+                        n_ops,
+                        ring,
+                        ready,
+                        empty,
+                        xq,
+                        ysum_ptr,
+                        xbuf_ptr,
+                        scale_ptr,
+                        sema_ptr,
+                        expect_ptr,
+                        counter_ptr,
+                        BN,
+                        BK,
+                        STAGES,
+                        WARPS,
+                        BARRIER,
+                        COMPUTE,
+                    ),
+                ),
+                (_producer, (w_desc, op_tab, n_ops, ring, ready, empty, BN, BK, STAGES, LOAD)),
+            ],
+            [1],
+            [24],
+        )
     else:
         # X_ROWS rows of BK activations, unswizzled: written as [chunks, X_CHUNK, BK] (a chunk per load),
         # read through a [rows, BK] view whose rank-1 layout lets one row be indexed out.
         x_dtype: gl.constexpr = gl.float16 if F16 else gl.bfloat16
-        xs_w = gl.allocate_shared_memory(x_dtype, [X_ROWS // X_CHUNK, X_CHUNK, BK],
-                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        xs_w = gl.allocate_shared_memory(
+            x_dtype, [X_ROWS // X_CHUNK, X_CHUNK, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        )
         xs = xs_w._reinterpret(x_dtype, [X_ROWS, BK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        gl.warp_specialize([
-            (_consumer, (op_tab, n_ops, ring, ready, empty, xs_w, xs, ysum_ptr, xbuf_ptr, scale_ptr, sema_ptr,
-                         expect_ptr, counter_ptr, BN, BK, X_ROWS, X_CHUNK, STAGES, WARPS, COMPUTE, BARRIER,
-                         LOAD_POLL, F16, SYNC_RELEASE, FENCE)),
-            (_producer, (w_desc, op_tab, n_ops, ring, ready, empty, BN, BK, STAGES, LOAD)),
-        ], [1], [24])
+        gl.warp_specialize(
+            [
+                (
+                    _consumer,
+                    (
+                        op_tab,
+                        n_ops,
+                        ring,
+                        ready,
+                        empty,
+                        xs_w,
+                        xs,
+                        ysum_ptr,
+                        xbuf_ptr,
+                        scale_ptr,
+                        sema_ptr,
+                        expect_ptr,
+                        counter_ptr,
+                        BN,
+                        BK,
+                        X_ROWS,
+                        X_CHUNK,
+                        STAGES,
+                        WARPS,
+                        COMPUTE,
+                        BARRIER,
+                        LOAD_POLL,
+                        F16,
+                        SYNC_RELEASE,
+                        FENCE,
+                    ),
+                ),
+                (_producer, (w_desc, op_tab, n_ops, ring, ready, empty, BN, BK, STAGES, LOAD)),
+            ],
+            [1],
+            [24],
+        )
 
 
 @triton.jit
@@ -510,8 +778,9 @@ class Chain:
         self.counter = torch.zeros(1, dtype=torch.int32, device=dev)
         self.grab = torch.zeros(len(self.ops), dtype=torch.int32, device=dev)  # the dynamic chunk counters
         # with chunks taken dynamically, every row block is summed from its K tiles' chunks
-        self.expect_dyn = torch.cat([torch.full((n // BN,), k // BK // CHUNK.value, dtype=torch.int32)
-                                     for n, k, _ in self.ops]).to(dev)
+        self.expect_dyn = torch.cat(
+            [torch.full((n // BN,), k // BK // CHUNK.value, dtype=torch.int32) for n, k, _ in self.ops]
+        ).to(dev)
         self.ysum = torch.zeros(y_off, dtype=torch.float32, device=dev)
         self.xbuf = torch.zeros(out_off, dtype=torch.bfloat16, device=dev)
         self.xbuf[: QWEN7B[0][1]] = torch.randn(QWEN7B[0][1], device=dev).to(torch.bfloat16)
@@ -530,7 +799,7 @@ class Chain:
                 x = x0
             y = self.weight(j).float() @ x[:k]
             s = (0.5 + torch.rand(n, device=dev)) / y.pow(2).mean().sqrt()
-            self.scale[tab[j][2]: tab[j][2] + n] = s
+            self.scale[tab[j][2] : tab[j][2] + n] = s
             x = self._activation(y * s, kind).to(torch.bfloat16).float()
         self.weight_bytes = self.wt.numel()
         self.maxnreg = int(os.environ.get("MAXNREG", "168"))  # 8 + 4 warps' registers must fit 64K
@@ -539,12 +808,23 @@ class Chain:
         """Op j's logical [N, K] fp8 weight, rebuilt from its tiles."""
         n, k, _ = self.ops[j]
         rbs, kts = n // BN, k // BK
-        tiles = self.wt[self.tile0[j] * BN: (self.tile0[j] + rbs * kts) * BN]
+        tiles = self.wt[self.tile0[j] * BN : (self.tile0[j] + rbs * kts) * BN]
         return tiles.view(rbs, kts, BN, BK).permute(0, 2, 1, 3).reshape(n, k)
 
-    def launch(self, stages: int, warps: int, compute: bool = True, barrier: bool = True,
-               load_poll: bool = False, f16: bool = False, sync_release: bool = True,
-               fence: bool = True, load: bool = True, mma: bool = False, dyn: bool = False):
+    def launch(
+        self,
+        stages: int,
+        warps: int,
+        compute: bool = True,
+        barrier: bool = True,
+        load_poll: bool = False,
+        f16: bool = False,
+        sync_release: bool = True,
+        fence: bool = True,
+        load: bool = True,
+        mma: bool = False,
+        dyn: bool = False,
+    ):
         """One run of the chain; the flags pick the variants and diagnostics in the kernels' docstrings
         (with `mma`, compute=False drops the activation prologue; `dyn` is the tensor-core consumer with
         chunks taken dynamically, which ignores the diagnostic flags)."""
@@ -556,11 +836,34 @@ class Chain:
         layout = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float8e4nv)
         desc = TensorDescriptor(self.wt, list(self.wt.shape), list(self.wt.stride()), [BN, BK], layout)
         return _chain_kernel[(self.programs,)](
-            desc, self.op_tab, len(self.ops), self.ysum, self.xbuf, self.scale, self.sema,
-            self.expect_dyn if dyn else self.expect, self.counter, self.grab, BN=BN, BK=BK, X_ROWS=X_ROWS,
-            X_CHUNK=X_CHUNK, STAGES=stages, WARPS=warps,
-            COMPUTE=compute, BARRIER=barrier, LOAD_POLL=load_poll, F16=f16, SYNC_RELEASE=sync_release,
-            FENCE=fence, LOAD=load, MMA=mma, DYN=dyn, num_warps=warps, maxnreg=self.maxnreg)
+            desc,
+            self.op_tab,
+            len(self.ops),
+            self.ysum,
+            self.xbuf,
+            self.scale,
+            self.sema,
+            self.expect_dyn if dyn else self.expect,
+            self.counter,
+            self.grab,
+            BN=BN,
+            BK=BK,
+            X_ROWS=X_ROWS,
+            X_CHUNK=X_CHUNK,
+            STAGES=stages,
+            WARPS=warps,
+            COMPUTE=compute,
+            BARRIER=barrier,
+            LOAD_POLL=load_poll,
+            F16=f16,
+            SYNC_RELEASE=sync_release,
+            FENCE=fence,
+            LOAD=load,
+            MMA=mma,
+            DYN=dyn,
+            num_warps=warps,
+            maxnreg=self.maxnreg,
+        )
 
     @staticmethod
     def _activation(y: torch.Tensor, kind: int) -> torch.Tensor:
@@ -577,10 +880,10 @@ class Chain:
         as fine or finer); and the input's rms."""
         n, k, kind = self.ops[j]
         _, _, s_off, out_off, in_off, _, _, _ = self.tab_rows[j]
-        x = self.xbuf[in_off: in_off + k].float()
-        w, s = self.weight(j).float(), self.scale[s_off: s_off + n]
+        x = self.xbuf[in_off : in_off + k].float()
+        w, s = self.weight(j).float(), self.scale[s_off : s_off + n]
         y = self._activation((w @ x) * s, kind)
-        got = self.xbuf[out_off: out_off + y.numel()].float()
+        got = self.xbuf[out_off : out_off + y.numel()].float()
         rms = y.pow(2).mean().sqrt()
         floor = (y.to(torch.bfloat16).float() - y).abs().max() / rms
         if w8a8:
@@ -593,14 +896,16 @@ class Chain:
         """The first op whose output, as the kernel left it, is not finite."""
         for j, (n, _, kind) in enumerate(self.ops):
             off = self.tab_rows[j][3]
-            if not bool(torch.isfinite(self.xbuf[off: off + (n // 2 if kind == 1 else n)]).all()):
+            if not bool(torch.isfinite(self.xbuf[off : off + (n // 2 if kind == 1 else n)]).all()):
                 return j
         return None
 
     def op_outputs(self, count: int) -> list[torch.Tensor]:
         """The first `count` ops' outputs, as the kernel left them (fp32 copies)."""
-        return [self.xbuf[r[3]: r[3] + (n // 2 if kind == 1 else n)].float().clone()
-                for r, (n, _, kind) in zip(self.tab_rows[:count], self.ops[:count])]
+        return [
+            self.xbuf[r[3] : r[3] + (n // 2 if kind == 1 else n)].float().clone()
+            for r, (n, _, kind) in zip(self.tab_rows[:count], self.ops[:count])
+        ]
 
 
 def launched_chain(chain: Chain, dev: torch.device):
@@ -617,9 +922,13 @@ def launched_chain(chain: Chain, dev: torch.device):
             return t.contiguous()
         return t.reshape(-1, 2, BN // 2, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
 
-    weights = [(halves_apart(chain.weight(j), chain.ops[j][2]),
-                halves_apart(chain.scale[r[2]: r[2] + chain.ops[j][0]], chain.ops[j][2]))
-               for j, r in enumerate(chain.tab_rows)]
+    weights = [
+        (
+            halves_apart(chain.weight(j), chain.ops[j][2]),
+            halves_apart(chain.scale[r[2] : r[2] + chain.ops[j][0]], chain.ops[j][2]),
+        )
+        for j, r in enumerate(chain.tab_rows)
+    ]
     x0 = chain.xbuf[: QWEN7B[0][1]].view(1, -1).clone()
 
     def run(keep: int = 0) -> list[torch.Tensor]:
@@ -658,24 +967,31 @@ def main() -> None:
     stages_list = [int(s) for s in os.environ.get("STAGES", "6 8 10").split()]
     chain = Chain(layers, sms, dev)
     result = {"layers": layers, "programs": sms, "weight_bytes": chain.weight_bytes, "runs": []}
-    print(f"{layers} layers, {chain.weight_bytes / 1e9:.3f} GB of fp8 weights, {chain.total_tiles} tiles, "
-          f"{sms} programs", flush=True)
+    print(
+        f"{layers} layers, {chain.weight_bytes / 1e9:.3f} GB of fp8 weights, {chain.total_tiles} tiles, "
+        f"{sms} programs",
+        flush=True,
+    )
 
     # the bandwidth references: a 1 GB device-to-device copy, and one streaming read of the chain's weights
     copy_bw = copy_tb_s(graph_us, dev)
     read_us = graph_us(lambda: read_all(chain.wt), calls=1, replays=10)
     result.update(copy_tb_s=copy_bw, read_us=read_us, read_tb_s=chain.weight_bytes / read_us / 1e6)
-    print(f"copy {copy_bw:.2f} TB/s (read + write); the weights read once {read_us:.1f} us, "
-          f"{result['read_tb_s']:.2f} TB/s", flush=True)
+    print(
+        f"copy {copy_bw:.2f} TB/s (read + write); the weights read once {read_us:.1f} us, "
+        f"{result['read_tb_s']:.2f} TB/s",
+        flush=True,
+    )
 
-    memset_us = graph_us(lambda: (chain.ysum.zero_(), chain.sema.zero_(), chain.counter.zero_()),
-                         calls=1, replays=20)
+    memset_us = graph_us(
+        lambda: (chain.ysum.zero_(), chain.sema.zero_(), chain.counter.zero_()), calls=1, replays=20
+    )
     result["memset_us"] = memset_us
 
     def verify(stages: int, **kw) -> dict:
         """One launch, then every op checked against torch on the kernel's own input: within twice the
         floor (torch's own bf16 rounding, and for W8A8 its fp8-code error) plus 1e-3 passes."""
-        chain.xbuf[QWEN7B[0][1]:] = 0
+        chain.xbuf[QWEN7B[0][1] :] = 0
         chain.launch(stages, warps, **kw)
         torch.cuda.synchronize()
         w8a8 = kw.get("mma", False) or kw.get("dyn", False)
@@ -686,27 +1002,39 @@ def main() -> None:
         sane = [j for j, (_, _, xr) in enumerate(errs) if 1 / 16 <= xr <= 16]
         drift = next((j for j in range(len(errs)) if j not in sane), None)
         wrong = [j for j in sane if not errs[j][0] <= 2 * errs[j][1] + 1e-3]  # NaN counts as wrong
-        return {"correct": not wrong, "checked_ops": len(sane), "first_op_out_of_range": drift,
-                "first_wrong_op": wrong[0] if wrong else None, "wrong_ops": len(wrong),
-                "first_not_finite_op": chain.first_bad_output(),
-                "max_rel_err": max(errs[j][0] for j in sane),
-                "max_floor": max(errs[j][1] for j in sane),
-                "input_rms": [round(xr, 4) for _, _, xr in errs],
-                "outputs": chain.op_outputs(8)}
+        return {
+            "correct": not wrong,
+            "checked_ops": len(sane),
+            "first_op_out_of_range": drift,
+            "first_wrong_op": wrong[0] if wrong else None,
+            "wrong_ops": len(wrong),
+            "first_not_finite_op": chain.first_bad_output(),
+            "max_rel_err": max(errs[j][0] for j in sane),
+            "max_floor": max(errs[j][1] for j in sane),
+            "input_rms": [round(xr, 4) for _, _, xr in errs],
+            "outputs": chain.op_outputs(8),
+        }
 
     def timed(name: str, stages: int, **kw) -> dict:
         row = verify(stages, **kw)
         out = row.pop("outputs")
-        row.update(variant=name, stages=stages, warps=warps,
-                   us=graph_us(lambda: chain.launch(stages, warps, **kw), calls=1, replays=20))
+        row.update(
+            variant=name,
+            stages=stages,
+            warps=warps,
+            us=graph_us(lambda: chain.launch(stages, warps, **kw), calls=1, replays=20),
+        )
         row["tb_s"] = chain.weight_bytes / (row["us"] - memset_us) / 1e6
         result["runs"].append(row)
-        print(f"persistent {name}, {stages} stages, {warps} warps: {row['us']:.1f} us a chain "
-              f"({memset_us:.1f} of it memsets), {row['tb_s']:.2f} TB/s; correct {row['correct']} (max "
-              f"error / rms {row['max_rel_err']:.2e}, floor {row['max_floor']:.2e}; "
-              f"{row['checked_ops']} ops checked, the first left unchecked {row['first_op_out_of_range']}; "
-              f"wrong ops {row['wrong_ops']}, first {row['first_wrong_op']}; first not finite "
-              f"{row['first_not_finite_op']})", flush=True)
+        print(
+            f"persistent {name}, {stages} stages, {warps} warps: {row['us']:.1f} us a chain "
+            f"({memset_us:.1f} of it memsets), {row['tb_s']:.2f} TB/s; correct {row['correct']} (max "
+            f"error / rms {row['max_rel_err']:.2e}, floor {row['max_floor']:.2e}; "
+            f"{row['checked_ops']} ops checked, the first left unchecked {row['first_op_out_of_range']}; "
+            f"wrong ops {row['wrong_ops']}, first {row['first_wrong_op']}; first not finite "
+            f"{row['first_not_finite_op']})",
+            flush=True,
+        )
         with open(out_path, "w") as f:
             json.dump(result, f, indent=1)
         return {**row, "outputs": out}
@@ -716,38 +1044,48 @@ def main() -> None:
     outputs = base[0]["outputs"]
     timed("fp32 math, barrier polled with volatile loads", best, load_poll=True)
     timed("fp16 tile sums", best, f16=True)
-    timed("fp32 math, slot released by thread 0 without a barrier (the earlier race)", best,
-          sync_release=False)
+    timed(
+        "fp32 math, slot released by thread 0 without a barrier (the earlier race)", best, sync_release=False
+    )
     timed("fp32 math, no proxy fence before a slot's release", best, fence=False)
     timed("fp32 math, no fence, fp16 tile sums", best, fence=False, f16=True)
     for stages in (6, 8):  # the ring and the 64 KB of activation blocks must fit 227 KB
         timed("wgmma (W8A8: fp8 activation codes)", stages, mma=True)
         timed("wgmma, chunks of 4 tiles taken dynamically, codes per 8 K tiles", stages, dyn=True)
     # diagnostics (outputs not checked): without the multiply-adds, without the barrier, without both
-    for name, kw in [("no_compute", dict(compute=False)), ("no_barrier", dict(barrier=False)),
-                     ("no_compute_no_barrier", dict(compute=False, barrier=False)),
-                     ("fp16_no_barrier", dict(f16=True, barrier=False)),
-                     ("no_fence_no_barrier", dict(fence=False, barrier=False)),
-                     ("consumers_alone_no_barrier", dict(load=False, barrier=False)),
-                     ("consumers_alone", dict(load=False)),
-                     ("wgmma_no_barrier", dict(mma=True, barrier=False)),
-                     ("wgmma_consumers_alone_no_barrier", dict(mma=True, load=False, barrier=False)),
-                     ("wgmma_consumers_alone", dict(mma=True, load=False)),
-                     ("wgmma_no_prologue", dict(mma=True, compute=False)),
-                     ("wgmma_consumers_alone_no_prologue", dict(mma=True, load=False, compute=False))]:
+    for name, kw in [
+        ("no_compute", dict(compute=False)),
+        ("no_barrier", dict(barrier=False)),
+        ("no_compute_no_barrier", dict(compute=False, barrier=False)),
+        ("fp16_no_barrier", dict(f16=True, barrier=False)),
+        ("no_fence_no_barrier", dict(fence=False, barrier=False)),
+        ("consumers_alone_no_barrier", dict(load=False, barrier=False)),
+        ("consumers_alone", dict(load=False)),
+        ("wgmma_no_barrier", dict(mma=True, barrier=False)),
+        ("wgmma_consumers_alone_no_barrier", dict(mma=True, load=False, barrier=False)),
+        ("wgmma_consumers_alone", dict(mma=True, load=False)),
+        ("wgmma_no_prologue", dict(mma=True, compute=False)),
+        ("wgmma_consumers_alone_no_prologue", dict(mma=True, load=False, compute=False)),
+    ]:
         us = graph_us(lambda kw=kw: chain.launch(best, warps, **kw), calls=1, replays=20)
         result[name + "_us"] = us
-        print(f"persistent, {name.replace('_', ' ')} ({best} stages): {us:.1f} us a chain, "
-              f"{chain.weight_bytes / (us - memset_us) / 1e6:.2f} TB/s", flush=True)
+        print(
+            f"persistent, {name.replace('_', ' ')} ({best} stages): {us:.1f} us a chain, "
+            f"{chain.weight_bytes / (us - memset_us) / 1e6:.2f} TB/s",
+            flush=True,
+        )
 
     run = launched_chain(chain, dev)
     refs = run(len(outputs))
     us = graph_us(run, calls=1, replays=20)
     diff = max(((o - r).pow(2).mean() / r.pow(2).mean()).sqrt().item() for o, r in zip(outputs, refs))
     result.update(launched_us=us, first_ops_max_rel_rms_diff=diff)
-    print(f"launched W8A16 GEMVs + SiLU-and-mul: {us:.1f} us a chain, {chain.weight_bytes / us / 1e6:.2f} "
-          f"TB/s; its first {len(refs)} outputs against the persistent chain's: relative rms difference up "
-          f"to {diff:.2e}", flush=True)
+    print(
+        f"launched W8A16 GEMVs + SiLU-and-mul: {us:.1f} us a chain, {chain.weight_bytes / us / 1e6:.2f} "
+        f"TB/s; its first {len(refs)} outputs against the persistent chain's: relative rms difference up "
+        f"to {diff:.2e}",
+        flush=True,
+    )
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
 

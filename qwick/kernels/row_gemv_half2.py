@@ -177,6 +177,17 @@ def _tile_dot_emulated(words, x_ptr, cols, z, IS_PAIRED: tl.constexpr):
 
 
 @triton.jit
+def _tile_part(words, x_ptr, j, quad, z, XPAIRS: tl.constexpr, DOT4: tl.constexpr, EMULATE: tl.constexpr):
+    """[BLOCK_N, C] unscaled sums of the tile at word j: `_tile_dot_half2`, or its emulation."""
+    cols = j + quad[:, None] + tl.arange(0, 4)[None, :]  # [C, 4]: the words of each quad
+    if EMULATE:
+        part = _tile_dot_emulated(words, x_ptr, cols, z, XPAIRS == PAIRED)
+    else:
+        part = _tile_dot_half2(words, x_ptr, cols, z, XPAIRS, DOT4)
+    return part
+
+
+@triton.jit
 def _tile_scales(
     s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W: tl.constexpr, BLOCK_W: tl.constexpr
 ):
@@ -218,6 +229,7 @@ def _w4_half2_kernel(
     XPAIRS: tl.constexpr,
     DOT4: tl.constexpr,
     EMULATE: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); tiles of BLOCK_W words of
     BLOCK_N rows, handled a quad of words (32 codes, inside one group) at a time. KW is a multiple of
@@ -229,19 +241,41 @@ def _w4_half2_kernel(
     quad = tl.arange(0, C) * 4
     rw = tl.arange(0, BLOCK_W)
     acc = tl.zeros((BLOCK_N, C), dtype=tl.float32)
-    for j in tl.range(j_start, j_end, BLOCK_W):
-        words = tl.load(q_rows + (j + rw)[None, :], mask=n_ok[:, None], other=0)
-        cols = j + quad[:, None] + tl.arange(0, 4)[None, :]  # [C, 4]: the words of each quad
-        s, z = _tile_scales(s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
-        if EMULATE:
-            part = _tile_dot_emulated(words, x_ptr, cols, z, XPAIRS == PAIRED)
-        else:
-            part = _tile_dot_half2(words, x_ptr, cols, z, XPAIRS, DOT4)
-        acc += s * part
+    if PREFETCH:
+        # Two tiles in flight, A and B alternating: each is loaded (codes, scales, zero points) before the
+        # other's arithmetic. (A single carried prefetch is sunk by ptxas to the loop's end, where it
+        # overlaps nothing.) Past the split's end B is the last tile again, with its scales zeroed.
+        work = n_ok & (rn * 0 + j_start < j_end)  # no load for a split without tiles
+        last = j_end - BLOCK_W
+        words_a = tl.load(q_rows + (j_start + rw)[None, :], mask=work[:, None], other=0)
+        s_a, z_a = _tile_scales(s_rows, z_rows, j_start, work, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
+        for j in tl.range(j_start, j_end, 2 * BLOCK_W):
+            jb = tl.minimum(j + BLOCK_W, last)
+            words_b = tl.load(q_rows + (jb + rw)[None, :], mask=n_ok[:, None], other=0)
+            s_b, z_b = _tile_scales(s_rows, z_rows, jb, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
+            s_b = tl.where(j + BLOCK_W < j_end, s_b, 0.0)
+            acc += s_a * _tile_part(words_a, x_ptr, j, quad, z_a, XPAIRS, DOT4, EMULATE)
+            ja = tl.minimum(j + 2 * BLOCK_W, last)
+            words_a = tl.load(q_rows + (ja + rw)[None, :], mask=n_ok[:, None], other=0)
+            s_a, z_a = _tile_scales(s_rows, z_rows, ja, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
+            acc += s_b * _tile_part(words_b, x_ptr, jb, quad, z_b, XPAIRS, DOT4, EMULATE)
+    else:
+        for j in tl.range(j_start, j_end, BLOCK_W):
+            words = tl.load(q_rows + (j + rw)[None, :], mask=n_ok[:, None], other=0)
+            s, z = _tile_scales(s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
+            acc += s * _tile_part(words, x_ptr, j, quad, z, XPAIRS, DOT4, EMULATE)
     acc *= _X_DIV
     _row_epilogue(
         acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rn, n_ok, pid_n, pid_k, N, HAS_BIAS, SPLIT_K, BLOCK_N
     )
+
+
+def half_pairs(x: torch.Tensor) -> torch.Tensor:
+    """x [1, K] -> its `HalfPairs` operand, int32 [1, K / 2], in torch: per word w the fp16 pairs
+    (x[8w + p], x[8w + p + 4]) / X_DIV, p = 0-3 (x_p in the low half), as RMSNorm and SiLU-and-mul write it
+    in decode. For benchmarks and tests that feed `w4_half2_gemv(..., pairs=)` without a producer."""
+    h = (x.float() / X_DIV).to(torch.float16).view(-1, 2, 4)  # [word, half, p]
+    return h.transpose(1, 2).contiguous().view(torch.int32).view(1, -1)
 
 
 def w4_half2_supported(weight: QuantizedWeight, x: torch.Tensor) -> bool:
@@ -255,13 +289,14 @@ def tile_words_for(kw: int) -> int:
 
 
 def default_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig:
-    """64 rows x 32 words per tile, 4 warps; K split (doubling) until about four programs per SM are
-    streaming, down to one tile of K per split. From the H200 sweep (`benchmarks/int4_half2_sweep.py`) at
-    the qwen2.5-7b shapes: split 1 for gate/up (27.5 us), 8 for qkv (6.4 us; 7.7 with at least two tiles per
-    split) and o (6.0 against 7.4), 16 for down (17.0; 16.7 at 8)."""
-    block_n, block_w = 64, tile_words_for(kw)
+    """32 rows x 32 words per tile, 4 warps; K split (doubling) while the doubled grid stays within 12
+    programs per SM, down to one tile of K per split. From the H200 sweep with the producer's pairs
+    (`TILE_WORDS=32 python benchmarks/int4_half2_sweep.py`, 31st session in BENCHMARKS.md) at the
+    qwen2.5-7b shapes: split 1 for gate/up (22.7-23.3 us against 23.9-24.0 at 64-row tiles), 8 for qkv (5.9
+    against 6.0; 6.7 at split 4), o (5.4 against 5.7) and down (14.1 against 15.9; 15.0 at split 16)."""
+    block_n, block_w = 32, tile_words_for(kw)
     tiles, k_tiles, split = triton.cdiv(n, block_n), kw // block_w, 1
-    while tiles * split < 4 * num_sms and k_tiles >= 2 * split:
+    while tiles * split * 2 <= 12 * num_sms and k_tiles >= 2 * split:
         split *= 2
     return RowGemvConfig(block_n, block_w, split)
 
@@ -313,6 +348,7 @@ def w4_half2_gemv(
         XPAIRS=xpairs,
         DOT4=DOT4_ASM,
         EMULATE=EMULATE,
+        PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -40,10 +40,18 @@ def _gemv(kernel: str):
 
 def _configs(kernel: str, n: int, kw: int, ws, group_words: int = 16):
     from qwick.kernels.row_gemv import RowGemvConfig, default_w4_config
-    from qwick.kernels.row_gemv_half2 import default_half2_config
+    from qwick.kernels.row_gemv_half2 import default_half2_config, tile_words_for
 
-    if kernel == "f16x2":  # tiles of 8-32 words, within or across groups
-        return [default_half2_config(n, kw, ws.num_sms), RowGemvConfig(32, 8, 3), RowGemvConfig(16, 16, 2)]
+    if kernel == "f16x2":  # tiles of 8-32 words, within or across groups; prefetch: odd tile counts per
+        # split (the last B tile repeated, scaled by 0) and, at split 5 of small K, a split with no tiles
+        return [
+            default_half2_config(n, kw, ws.num_sms),
+            RowGemvConfig(32, 8, 3),
+            RowGemvConfig(16, 16, 2),
+            RowGemvConfig(32, 8, 3, prefetch=True),
+            RowGemvConfig(64, tile_words_for(kw), 1, prefetch=True),
+            RowGemvConfig(16, 16, 5, prefetch=True),
+        ]
     return [
         default_w4_config(n, kw, group_words, ws.num_sms),
         RowGemvConfig(32, group_words, 1),
@@ -108,6 +116,19 @@ def test_w4_row_gemv_matches_dequantized_matmul(n, k, form, kernel):
             err = ((out.double() - ref).norm() / ref.norm()).item()
             assert err < 4e-3, (cfg, err)
     assert int(ws.counters.abs().sum()) == 0
+
+
+def test_half_pairs_reference_layout():
+    """`half_pairs` (the torch form benchmarks feed the GEMV): int32 4w + p holds x[8w + p] / 64 in its low
+    half and x[8w + p + 4] / 64 in its high half."""
+    from qwick.kernels.row_gemv_half2 import X_DIV, half_pairs
+
+    x = torch.arange(32, dtype=torch.float32).view(1, 32) - 7
+    pairs = half_pairs(x)
+    assert pairs.shape == (1, 16) and pairs.dtype == torch.int32
+    halves = pairs.view(torch.float16).view(4, 4, 2).float() * X_DIV  # [word, p, low/high]
+    words = x.view(4, 8)
+    assert torch.equal(halves[:, :, 0], words[:, :4]) and torch.equal(halves[:, :, 1], words[:, 4:])
 
 
 @pytest.mark.parametrize("n,k", SHAPES[:2])
