@@ -30,6 +30,9 @@
 #                                            # activation pairs (`paired_input`, on): its GPU tests, batch 1
 #                                            # with it and without
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
+#   bash benchmarks/gpu_session.sh w8row     # one fp8 o-projection row through the CUDA-core row GEMV
+#                                            # (`row_gemv_max_n`, on): its GPU tests, fp8 batch 1 with it
+#                                            # and without, alternating
 #   bash benchmarks/gpu_session.sh tiles32   # the f16x2 GEMV's 32-row tiles (the default since the 31st
 #                                            # session) against 64-row ones: its GPU tests, int4 batch 1
 #                                            # with each, alternating
@@ -763,6 +766,18 @@ M.decode_quantize_min_n = 1 << 30; from qwick.entrypoints.cli import main; sys.e
       run b1_${q}_off python -c "$OFF" $B1 --output-json "$OUT/b1_${q}_off.json"
     done
     ;;
+  w8row)
+    timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv_w8.py \
+      tests/kernels/test_w8a8_kernels.py -k "row_gemv or decode or (matches_dequantized and fp8 and not block)" \
+      2>&1 | tail -2
+    NOROW="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.row_gemv_max_n = 0; \
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization fp8"
+    for i in ${REPS_LIST:-1 2}; do
+      run "b1_fp8_row_$i" $CLI $B1 --output-json "$OUT/b1_fp8_row_$i.json"
+      run "b1_fp8_norow_$i" python -c "$NOROW" $B1 --output-json "$OUT/b1_fp8_norow_$i.json"
+    done
+    ;;
   tiles32)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
       tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
@@ -784,7 +799,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|tiles32|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|tiles32|w8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

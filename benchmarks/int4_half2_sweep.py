@@ -3,9 +3,17 @@ the fp32 row GEMV (`qwick.kernels.row_gemv`) at its default, at the qwen2.5-7b l
 is checked against float64, then timed as decode runs it: CUDA-graph replays over weight copies that
 together overflow the L2, the f16x2 kernel reading the `HalfPairs` operand x's producer writes (env
 PAIRS=0: pairing x in registers instead). Each launch shape runs with and without the two-tile register
-prefetch (`RowGemvConfig.prefetch`); env TILE_WORDS (default "16 32") narrows the tiles. Prints the
+prefetch (`RowGemvConfig.prefetch`); env TILE_WORDS (default "16 32") narrows the tiles; the default and
+64-row tiles also run under each register cap of env MAX_REGISTERS (default "32 40 48 64"). Prints the
 default and the best three per shape and the per-layer sums; argv[1]: JSON out. With TRITON_INTERPRET=1
 on the CPU: tiny shapes, a smoke test without timings.
+
+NCU=1: instead, one launch per shape of the default (32-row tiles) and of the 64-row tiles that were the
+default before the 31st session, with the producer's pairs, on weights the L2 does not hold, for
+
+    NCU=1 ncu --clock-control none --profile-from-start off --section LaunchStats --section Occupancy \
+        --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
+        python benchmarks/int4_half2_sweep.py
 """
 
 import itertools
@@ -30,6 +38,7 @@ ROWS_WARPS = ((16, 2), (32, 2), (64, 2), (64, 8), (128, 8))  # rows per tile aga
 CUDA = torch.cuda.is_available()
 PAIRS = os.environ.get("PAIRS", "1") != "0"
 TILE_WORDS = tuple(int(v) for v in os.environ.get("TILE_WORDS", "16 32").split())
+MAX_REGISTERS = tuple(int(v) for v in os.environ.get("MAX_REGISTERS", "32 40 48 64").split())
 if not CUDA:
     SHAPES = {"tiny": (64, 512)}
 
@@ -39,6 +48,29 @@ def graph_us(calls, n: int) -> float:
     if not CUDA:
         return float("nan")
     return triton.testing.do_bench_cudagraph(calls, rep=40, return_mode="median") * 1e3 / n
+
+
+def profile_one_launch_each() -> None:
+    """With NCU=1: the default and the 64-row launch of each shape, once each, between profiler start and
+    stop, each after a write that evicts the weights from the L2."""
+    dev = torch.device("cuda")
+    ws = GemvWorkspace(dev, max_elems=1 << 24)
+    flush = torch.empty(L2_OVERFLOW, dtype=torch.uint8, device=dev)
+    for n, k in SHAPES.values():
+        qw = rtn.quantize(torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5, group_size=128)
+        pairs = half_pairs(torch.randn(1, k, device=dev, dtype=torch.bfloat16))
+        x = torch.empty(1, k, device=dev, dtype=torch.bfloat16)
+        new = default_half2_config(n, k // 8, ws.num_sms)
+        old = RowGemvConfig(64, new.block_k, 16 if k > 8192 else (1 if n > 16384 else 8))
+        for cfg in (new, old):
+            w4_half2_gemv(x, qw, None, ws, cfg, pairs=pairs)  # compile outside the profiled range
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        for cfg in (new, old):
+            flush.zero_()
+            w4_half2_gemv(x, qw, None, ws, cfg, pairs=pairs)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
 
 
 def main() -> None:
@@ -77,6 +109,11 @@ def main() -> None:
                 ", prefetch" if pf else ""
             )
             cands.append((label, cfg))
+        for bn, regs in itertools.product((32, 64), MAX_REGISTERS):  # more programs resident, or spills
+            cfg = replace(base, block_n=bn, max_registers=regs)
+            if bn != base.block_n:
+                cfg = replace(cfg, split_k=max(1, min(base.split_k * base.block_n // bn, 16)))
+            cands.append((f"f16x2 {bn}x{cfg.block_k} split {cfg.split_k}, at most {regs} registers", cfg))
         pairs = half_pairs(x) if PAIRS else None
         rows = []
         for label, cfg in cands:
@@ -106,4 +143,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    profile_one_launch_each() if os.environ.get("NCU") else main()

@@ -1,5 +1,5 @@
-"""Batch-1 GEMV on 8-bit and 4-bit codes on the CUDA cores (int4: `qwick.kernels.row_gemv`; 8-bit: the
-variant defined here) against the tensor-core kernels (`gemv` on 8-bit codes, `w4a16.quant_matmul`) and
+"""Batch-1 GEMV on 8-bit and 4-bit codes on the CUDA cores (int4: `qwick.kernels.row_gemv`; 8-bit:
+`qwick.kernels.row_gemv_w8`) against the tensor-core kernels (`gemv` on 8-bit codes, `w4a16.quant_matmul`) and
 cuBLAS on the bf16 layer, at the qwen2.5-7b layer shapes. Sweeps launch shapes, checks every candidate
 against a float64 reference, prints a table and writes JSON (argv[1], default row_gemv_sweep.json).
 
@@ -7,8 +7,9 @@ MODES=int8,fp8,int4 picks the weight formats; ONLY=7b.down picks shapes by prefi
 GROUP=64|128|256 the int4 group size (default 128). Times are `triton.testing.do_bench` medians (L2 flushed
 between runs), except the int4 row-GEMV candidates: CUDA-graph replays over copies of the weight that
 together overflow the L2, as a model's layers do in a decode graph (per-launch `do_bench` also times the
-host's launch gaps, several us at these sizes). TB/s counts the bytes of the codes (plus scales and zero
-points for int4).
+host's launch gaps, several us at these sizes). GRAPHS=1 times the 8-bit variant and the tensor-core
+kernel (`gemv`, W8A16 at its default launch shape) that way too. TB/s counts the bytes of the codes (plus
+scales and zero points for int4).
 """
 
 import itertools
@@ -20,17 +21,15 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.gemv import GemvWorkspace, gemv, split_k_for  # noqa: E402
+from qwick.kernels.gemv import GemvWorkspace, gemv  # noqa: E402
 from qwick.kernels.row_gemv import (  # noqa: E402
     RowGemvConfig,
-    _check_workspace,
-    _row_epilogue,
     default_w4_config,
     w4_row_gemv,
 )
+from qwick.kernels.row_gemv_w8 import default_w8_row_config, w8_row_gemv  # noqa: E402
 from qwick.kernels.w4a16 import quant_matmul  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import dequantize  # noqa: E402
@@ -57,108 +56,9 @@ MODES = os.environ.get("MODES", "int8,fp8,int4").split(",")
 BUDGET_S = float(os.environ.get("BUDGET_S", "400"))
 GROUP = int(os.environ.get("GROUP", "128"))
 L2_OVERFLOW = 200 << 20  # bytes of weight copies per graph timing: four times the H200's L2
+GRAPHS = os.environ.get("GRAPHS") == "1" and dev.type == "cuda"  # 8-bit timed in CUDA graphs too
 OUT = sys.argv[1] if len(sys.argv) > 1 else "row_gemv_sweep.json"
 T0 = time.time()
-
-
-# The 8-bit variant: Triton's int8 / fp8 conversion to fp32, then FMAs (no faster than qwick.kernels.gemv).
-@triton.jit
-def _w8_row_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    b_ptr,
-    y_ptr,
-    ws_ptr,
-    counter_ptr,
-    N,
-    K,
-    stride_wn,
-    HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """y[0, n] = s[n] * sum_k w[n, k] * x[0, k] (+ b[n]) for int8 or fp8 e4m3 codes w."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    n_ok = rn < N
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
-    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    if PREFETCH:  # the next tile's load is issued before this tile's arithmetic: twice the bytes in flight
-        w = tl.load(
-            w_rows + (k_start + rk)[None, :], mask=n_ok[:, None] & (k_start + rk < k_end)[None, :], other=0.0
-        )
-    for k in range(k_start, k_end, BLOCK_K):
-        x = tl.load(x_ptr + k + rk).to(tl.float32)
-        if PREFETCH:
-            nxt = k + BLOCK_K
-            w_next = tl.load(
-                w_rows + (nxt + rk)[None, :], mask=n_ok[:, None] & (nxt + rk < k_end)[None, :], other=0.0
-            )
-        else:
-            w = tl.load(w_rows + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
-        if PREFETCH:
-            w = w_next
-    acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[:, None]
-    _row_epilogue(
-        acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rn, n_ok, pid_n, pid_k, N, HAS_BIAS, SPLIT_K, BLOCK_N
-    )
-
-
-def default_w8_config(n: int, k: int, num_sms: int) -> RowGemvConfig:
-    """Launch shape for 8-bit codes: split K until about four programs per SM are streaming."""
-    block_n, block_k = 16, 256
-    return RowGemvConfig(block_n, block_k, split_k_for(triton.cdiv(n, block_n), k // block_k, num_sms))
-
-
-def w8_row_gemv(  # the 8-bit CUDA-core variant, kept here for comparison
-    x: torch.Tensor,
-    codes: torch.Tensor,
-    scale: torch.Tensor,
-    bias: torch.Tensor | None,
-    ws: GemvWorkspace,
-    config: RowGemvConfig | None = None,
-) -> torch.Tensor:
-    """`(x @ codes.T) * scale + bias` for one row x [1, K] and 8-bit codes [N, K] (int8 or fp8 e4m3),
-    `scale` fp32 [N] per output channel."""
-    n, k = codes.shape
-    if x.shape != (1, k) or not codes.is_contiguous() or x.stride(1) != 1:
-        raise ValueError(f"w8_row_gemv needs x [1, {k}] with unit stride and contiguous codes")
-    if codes.dtype not in (torch.int8, torch.float8_e4m3fn):
-        raise ValueError(f"8-bit codes must be int8 or float8_e4m3fn, got {codes.dtype}")
-    cfg = config or default_w8_config(n, k, ws.num_sms)
-    if k % cfg.block_k:
-        raise ValueError(f"K={k} is not a multiple of the tile depth {cfg.block_k}")
-    tiles = _check_workspace(ws, n, cfg)
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _w8_row_kernel[(tiles, cfg.split_k)](
-        x,
-        codes,
-        scale,
-        bias if bias is not None else scale,
-        y,
-        ws.partials,
-        ws.counters,
-        n,
-        k,
-        codes.stride(0),
-        HAS_BIAS=bias is not None,
-        SPLIT_K=cfg.split_k,
-        PREFETCH=cfg.prefetch,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    return y
 
 
 def bench(fn):
@@ -212,15 +112,28 @@ def case(name: str, n: int, k: int, mode: str) -> dict:
         scale = scale.reshape(-1).contiguous()
         ref = (x.double() @ codes.double().T) * scale.double()
         nbytes = codes.numel() + 4 * n
-        t_old = bench(lambda: gemv(x, codes, None, ws, weight_scale=scale)) * 1e3
-        cands = [("default " + str(default_w8_config(n, k, ws.num_sms)), (None,))]
+        copies = [codes] + [codes.clone() for _ in range(-(-L2_OVERFLOW // nbytes) - 1 if GRAPHS else 0)]
+        if GRAPHS:
+            t_old = bench_graph(lambda c: gemv(x, c, None, ws, weight_scale=scale), copies)
+        else:
+            t_old = bench(lambda: gemv(x, codes, None, ws, weight_scale=scale)) * 1e3
+        cands = [("default " + str(default_w8_row_config(n, k, ws.num_sms)), (None,))]
         cands += [
             (f"bn{bn} bk{bk} split{sk} w4 pf{pf}", (RowGemvConfig(bn, bk, sk, 4, 1, bool(pf)),))
             for (bn, bk), sk, pf in itertools.product(
                 ((16, 256), (32, 256), (16, 512), (32, 128)), splits, (0, 1)
             )
         ]
-        rows = sweep(name, lambda cfg: w8_row_gemv(x, codes, scale, None, ws, cfg), cands, ref, nbytes)
+        rows = sweep(
+            name,
+            lambda cfg: w8_row_gemv(x, codes, scale, None, ws, cfg),
+            cands,
+            ref,
+            nbytes,
+            timer=(lambda a: bench_graph(lambda c: w8_row_gemv(x, c, scale, None, ws, a[0]), copies))
+            if GRAPHS
+            else None,
+        )
     else:
         qw = rtn.quantize(w, group_size=GROUP)
         qws = [qw] + [rtn.quantize(w, group_size=GROUP) for _ in range(-(-L2_OVERFLOW // qw.nbytes) - 1)]

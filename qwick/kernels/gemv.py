@@ -220,8 +220,9 @@ def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2, codes
     (a 3584-5120 hidden size) with a long K split it 4 ways so that enough programs stream at once.
     1-byte (fp8 / int8) weights against 16-bit activations: in CUDA graphs the LM head streams 4.06 TB/s
     in int8 and 3.29 in fp8 at the same launch shape (benchmarks/b1_gemv_graph_sweep.py), so fp8's
-    conversion to bf16 (through fp16) does cost there; a CUDA-core variant without tensor cores or
-    shared memory was no faster (benchmarks/row_gemv_sweep.py, BENCHMARKS.md).
+    conversion to bf16 (through fp16) does cost there. A CUDA-core variant without tensor cores or
+    shared memory, `qwick.kernels.row_gemv_w8`, takes fp8's one-row o projection instead (7.6 against 8.8
+    us in CUDA graphs; `W8A8LinearMethod.row_gemv_max_n`, BENCHMARKS.md).
     """
     if codes:  # 8-bit codes times 8-bit activation codes (benchmarks/w8a8_gemv_sweep.py, M = 1): 64 x 256
         # tiles, three stages, within 2% of the best of 12-36 launch shapes on every 7b layer (fp8 and int8)

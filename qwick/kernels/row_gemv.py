@@ -23,8 +23,9 @@ over 32-word tiles, 60 against 74 us per 7b layer on the H200. This kernel stays
 activations and the reference the f16x2 one is compared with.
 
 The same approach for 8-bit codes (Triton's own int8/fp8 conversion on the CUDA cores, or the bit tricks)
-measured no faster than the tensor-core `qwick.kernels.gemv` on 8-bit codes, which therefore stays their
-batch-1 path; the sweep keeps that variant for comparison. A packed-fp16 GEMV for 8-bit codes (as
+measured no faster than the tensor-core `qwick.kernels.gemv` on 8-bit codes in per-launch timings. Timed
+in CUDA graphs (31st session) it is faster at fp8's o projection, which it now serves
+(`qwick.kernels.row_gemv_w8`). A packed-fp16 GEMV for 8-bit codes (as
 `row_gemv_half2` does for int4: fp8 by `cvt.rn.f16x2.e4m3x2`, int8 by `prmt` into 1024 + q) was measured
 too and removed: 71.6 against 70.5 us per 7b layer at its best launch shapes (BENCHMARKS.md, eighth
 session of 12-01; the code is in commit `e944eb0`).
@@ -254,6 +255,9 @@ class RowGemvConfig:
     # >1: Triton software-pipelines the loop's loads through shared memory (cp.async), this many
     # iterations deep; 1 keeps plain loads (and `prefetch`'s register double buffer).
     loop_stages: int = 1
+    # ptxas's register cap per thread (Triton's `maxnreg`), or None for its own choice: fewer registers
+    # let more programs be resident, at the risk of spills (the f16x2 kernel only).
+    max_registers: int | None = None
 
 
 def default_w4_config(n: int, kw: int, group_words: int, num_sms: int) -> RowGemvConfig:

@@ -11,11 +11,14 @@ of eight codes (15 with three shifts, one per nibble pair: 412.2 against 417.2 t
 decode on the H200, ninth session of 12-01). Four words (32 products) are summed in fp16, then in fp32,
 and scaled by their group's scale in fp32.
 
-Tiles are 32 words (256 codes) of each of 64 rows, several groups wide: per-iteration costs (scale loads,
+Tiles are 32 words (256 codes) of each of 32 rows, several groups wide: per-iteration costs (scale loads,
 loop control) halve against one-group tiles, and that is most of the gain (the f16x2 decoding alone, at
-one-group tiles, measured no faster). On the H200 at the qwen2.5-7b shapes this kernel takes 57.2 us per
-layer against the fp32 kernel's 74.3 (gate/up 27.6 against 37.4), and batch-1 int4 decode runs 403-405
-tok/s against 338 (`benchmarks/int4_half2_sweep.py`; seventh session of 12-01 in BENCHMARKS.md).
+one-group tiles, measured no faster). On the H200 at the qwen2.5-7b shapes this kernel took 57.2 us per
+layer against the fp32 kernel's 74.3 (gate/up 27.6 against 37.4) in 64-row tiles, and batch-1 int4 decode
+ran 403-405 tok/s against 338 (`benchmarks/int4_half2_sweep.py`; seventh session of 12-01 in
+BENCHMARKS.md). 32-row tiles (31st session) hold 53 registers a thread against 96, so about twice as many
+warps stay resident (achieved occupancy 50% against 26% at gate/up): 48.1-48.6 us per layer against 51.6,
+and batch-1 int4 decode 500.2-500.4 tok/s against 473.2-473.3.
 
 The activations are read as they are (bf16 or fp16) and turned into the pairs the `fma`s need in registers,
 once per quad of words per thread (`XPAIRS_*`: unpack, scale by 1/64, `cvt.rn.f16x2.f32`), so the GEMV
@@ -351,5 +354,6 @@ def w4_half2_gemv(
         PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     return y

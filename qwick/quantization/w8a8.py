@@ -152,6 +152,11 @@ class W8A8LinearMethod(LinearMethod):
     # of every fp8 code to bf16 costs far more than the launch: fp8's 7b head took 176.7 us in W8A16 where
     # the W8A8 gate/up streams 3.9 TB/s (BENCHMARKS.md, twenty-fourth and twenty-sixth sessions).
     decode_quantize_min_n = 65536
+    # One fp8 decode row without codes (the o projection's) in a layer narrower than this: the CUDA-core
+    # row GEMV (`qwick.kernels.row_gemv_w8`) instead of the tensor-core W8A16 one. At the 7b o projection
+    # it takes 7.6 against 8.8 us in CUDA graphs on the H200; int8 gained nothing there (7.9-8.4 against
+    # 8.2), so int8 keeps the tensor cores (BENCHMARKS.md, 31st session). 0 turns it off.
+    row_gemv_max_n = 16384
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
@@ -341,6 +346,13 @@ class W8A8LinearMethod(LinearMethod):
         wide = n >= self.decode_quantize_min_n and k <= self.decode_w8a8_max_k
         return self.decode_w8a8 and self.quantize_activations and wide
 
+    def _row_gemv(self, x: torch.Tensor, n: int, k: int) -> bool:
+        """One skinny fp8 row multiplied as it is (W8A16) in a layer narrower than `row_gemv_max_n`, with a
+        K of at most `decode_w8a8_max_k` (the shapes measured) that the row GEMV's tiles divide."""
+        one_fp8_row = x.shape[0] == 1 and self.qdtype == FP8_DTYPE
+        short_k = k <= self.decode_w8a8_max_k and k % 128 == 0  # `row_gemv_w8.w8_row_block_k`
+        return one_fp8_row and n < self.row_gemv_max_n and short_k
+
     def _rowwise(self, x: torch.Tensor, n: int, k: int) -> bool:
         """fp8 per channel at 16 < M <= `rowwise_max_m` (bf16/fp16), K >= `rowwise_min_k`, where cuBLAS's
         128 x 128 output tiles number fewer than the SMs: the split-K Triton GEMM keeps them all streaming."""
@@ -423,6 +435,10 @@ class W8A8LinearMethod(LinearMethod):
             scale = self.weight_scale(layer)
             if codes is None and self._quantizes_decode_rows(n, k):
                 codes = self._quantize_x(x)
+            if codes is None and self._row_gemv(x, n, k):
+                from qwick.kernels.row_gemv_w8 import w8_row_gemv
+
+                return w8_row_gemv(x, layer.weight, scale, layer.bias, self.workspace)
             if codes is None:
                 return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
             xq, xs = codes

@@ -43,7 +43,8 @@ def _configs(kernel: str, n: int, kw: int, ws, group_words: int = 16):
     from qwick.kernels.row_gemv_half2 import default_half2_config, tile_words_for
 
     if kernel == "f16x2":  # tiles of 8-32 words, within or across groups; prefetch: odd tile counts per
-        # split (the last B tile repeated, scaled by 0) and, at split 5 of small K, a split with no tiles
+        # split (the last B tile repeated, scaled by 0) and, at split 5 of small K, a split with no tiles;
+        # a register cap
         return [
             default_half2_config(n, kw, ws.num_sms),
             RowGemvConfig(32, 8, 3),
@@ -51,6 +52,7 @@ def _configs(kernel: str, n: int, kw: int, ws, group_words: int = 16):
             RowGemvConfig(32, 8, 3, prefetch=True),
             RowGemvConfig(64, tile_words_for(kw), 1, prefetch=True),
             RowGemvConfig(16, 16, 5, prefetch=True),
+            RowGemvConfig(32, 16, 2, max_registers=64),  # ptxas's register cap (spills on the GPU)
         ]
     return [
         default_w4_config(n, kw, group_words, ws.num_sms),

@@ -125,6 +125,26 @@ def test_gpu_decode_sizes_with_codes_are_w8a8(mode, n, k, m, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
+def test_gpu_one_o_projection_row_takes_the_row_gemv_in_fp8(mode, monkeypatch):
+    """One decode row without codes at qwen2.5-7b's o projection: fp8 through the CUDA-core row GEMV
+    (`qwick.kernels.row_gemv_w8`), int8 through the tensor-core W8A16 GEMV; both compute W8A16's function."""
+    import qwick.kernels.row_gemv_w8 as row_gemv_w8
+
+    device = _cuda()
+    calls = []
+    real = row_gemv_w8.w8_row_gemv
+    monkeypatch.setattr(row_gemv_w8, "w8_row_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    layer = _layer(mode, 3584, 3584, device)
+    x = torch.randn(1, 3584, device=device, generator=torch.Generator(device=device).manual_seed(1))
+    x = (x * torch.linspace(0.1, 3, 3584, device=device)).to(torch.bfloat16)
+    y = layer(x)
+    ref = x.double() @ layer.method.dense_weight(layer).double().T + layer.bias.double()
+    assert y.dtype == torch.bfloat16 and y.shape == (1, 3584)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
+    assert calls == ([1] if mode == "fp8" else [])
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
 @pytest.mark.parametrize("m", [1, 16])
 def test_gpu_decode_lm_head_quantizes_its_rows(mode, m, monkeypatch):
     """An LM-head-sized layer (qwen2.5-7b's 152064 x 3584) given decode-sized rows without codes quantizes

@@ -269,6 +269,22 @@ def test_mid_m_fp8_gemm_takes_only_long_k_at_17_to_256_rows():
     assert not int8._rowwise(rows(64), 3584, 18944)
 
 
+def test_one_fp8_decode_row_without_codes_takes_the_row_gemv():
+    """The routing rule measured on the H200: one fp8 row (the o projection's input, which comes without
+    codes) in a layer narrower than `row_gemv_max_n` with K <= `decode_w8a8_max_k` in 128-code tiles goes
+    to `qwick.kernels.row_gemv_w8`; int8, LM heads, several rows, long or odd K keep the W8A16 GEMV."""
+    fp8 = W8A8LinearMethod(FP8_DTYPE, checkpoint=False)
+    row = lambda k, m=1: torch.zeros(m, k, dtype=torch.bfloat16)  # noqa: E731
+    assert fp8._row_gemv(row(3584), 3584, 3584) and fp8._row_gemv(row(896), 896, 896)
+    assert not W8A8LinearMethod(torch.int8, checkpoint=False)._row_gemv(row(3584), 3584, 3584)
+    assert not fp8._row_gemv(row(3584), 152064, 3584)  # an LM head
+    assert not fp8._row_gemv(row(3584, 2), 3584, 3584)
+    assert not fp8._row_gemv(row(18944), 3584, 18944)  # a down projection: not measured
+    assert not fp8._row_gemv(row(200), 3584, 200)
+    fp8.row_gemv_max_n = 0
+    assert not fp8._row_gemv(row(3584), 3584, 3584)
+
+
 @pytest.mark.parametrize("qdtype", QDTYPES)
 def test_codes_from_the_producing_kernel_are_used_as_given(qdtype):
     """Codes a norm or SiLU kernel wrote (`QuantizedRows`) replace the layer's own quantization: the same
