@@ -127,6 +127,16 @@ run() {  # name, command...: log to $OUT/name.log, print the figures
     | head -3 | tr '\n' ' ')"
 }
 
+alternate() {  # name_a name_b patch args...: the CLI with args as it is (a) and with the python patch (b),
+  # alternating, REPS_LIST (default "1 2") times each
+  local a=$1 b=$2 patch=$3
+  shift 3
+  for i in ${REPS_LIST:-1 2}; do
+    run "${a}_$i" $CLI "$@" --output-json "$OUT/${a}_$i.json"
+    run "${b}_$i" python -c "$patch" "$@" --output-json "$OUT/${b}_$i.json"
+  done
+}
+
 case "${1:-}" in
   kernels)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/layers 2>&1 | tail -15
@@ -773,10 +783,7 @@ M.decode_quantize_min_n = 1 << 30; from qwick.entrypoints.cli import main; sys.e
     NOROW="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.row_gemv_max_n = 0; \
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization fp8"
-    for i in ${REPS_LIST:-1 2}; do
-      run "b1_fp8_row_$i" $CLI $B1 --output-json "$OUT/b1_fp8_row_$i.json"
-      run "b1_fp8_norow_$i" python -c "$NOROW" $B1 --output-json "$OUT/b1_fp8_norow_$i.json"
-    done
+    alternate b1_fp8_row b1_fp8_norow "$NOROW" $B1
     ;;
   tiles32)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
@@ -790,10 +797,7 @@ def rows64(n, kw, num_sms):  # the default before the 31st session: 64 rows, gri
 h.default_half2_config = rows64
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
-    for i in ${REPS_LIST:-1 2}; do
-      run "b1_int4_rows32_$i" $CLI $B1 --output-json "$OUT/b1_int4_rows32_$i.json"
-      run "b1_int4_rows64_$i" python -c "$ROWS64" $B1 --output-json "$OUT/b1_int4_rows64_$i.json"
-    done
+    alternate b1_int4_rows32 b1_int4_rows64 "$ROWS64" $B1
     ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
