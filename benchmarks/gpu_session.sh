@@ -30,6 +30,11 @@
 #                                            # activation pairs (`paired_input`, on): its GPU tests, batch 1
 #                                            # with it and without
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
+#   bash benchmarks/gpu_session.sh int4shapes  # not yet run: int4 batch 1 with the sweep's two faster
+#                                            # per-shape launches (o 64 rows x 8 warps, down 2 warps with
+#                                            # the prefetch) patched in, and without, alternating
+#   bash benchmarks/gpu_session.sh int8row   # not yet run: int8 batch 1 with its o row on the row GEMV
+#                                            # (with the prefetch) patched in, and without, alternating
 #   bash benchmarks/gpu_session.sh w8row     # one fp8 o-projection row through the CUDA-core row GEMV
 #                                            # (`row_gemv_max_n`, on): its GPU tests, fp8 batch 1 with it
 #                                            # and without, alternating
@@ -776,6 +781,36 @@ M.decode_quantize_min_n = 1 << 30; from qwick.entrypoints.cli import main; sys.e
       run b1_${q}_off python -c "$OFF" $B1 --output-json "$OUT/b1_${q}_off.json"
     done
     ;;
+  int4shapes)
+    SHAPES31="import sys, dataclasses; import qwick.kernels.row_gemv_half2 as h
+base = h.default_half2_config
+def tuned(n, kw, num_sms):  # the 31st session's sweep: o 5.33 against 5.45 us, down 13.66 against 14.07
+    cfg = base(n, kw, num_sms)
+    if n == 8 * kw:  # square (the o projection)
+        return dataclasses.replace(cfg, block_n=64, num_warps=8)
+    if 8 * kw > 8192:  # long K (the down projection)
+        return dataclasses.replace(cfg, num_warps=2, prefetch=True)
+    return cfg
+h.default_half2_config = tuned
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    alternate b1_int4_default b1_int4_shapes "$SHAPES31" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
+      --quantization int4
+    ;;
+  int8row)
+    INT8ROW="import sys, dataclasses, torch; import qwick.kernels.row_gemv_w8 as r
+from qwick.quantization.w8a8 import W8A8LinearMethod as M
+M._row_gemv = lambda self, x, n, k: x.shape[0] == 1 and n < self.row_gemv_max_n and k <= self.decode_w8a8_max_k \
+    and k % 128 == 0
+real = r.w8_row_gemv
+def prefetched(x, codes, scale, bias, ws, config=None):  # int8's best o launch in the 31st session's sweep
+    if config is None and codes.dtype == torch.int8:
+        config = dataclasses.replace(r.default_w8_row_config(*codes.shape, ws.num_sms), prefetch=True)
+    return real(x, codes, scale, bias, ws, config)
+r.w8_row_gemv = prefetched
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    alternate b1_int8_default b1_int8_row "$INT8ROW" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
+      --quantization int8
+    ;;
   w8row)
     timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv_w8.py \
       tests/kernels/test_w8a8_kernels.py -k "row_gemv or decode or (matches_dequantized and fp8 and not block)" \
@@ -803,7 +838,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|tiles32|w8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac
