@@ -30,9 +30,9 @@
 #                                            # activation pairs (`paired_input`, on): its GPU tests, batch 1
 #                                            # with it and without
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
-#   bash benchmarks/gpu_session.sh int4shapes  # not yet run: int4 batch 1 with the sweep's two faster
-#                                            # per-shape launches (o 64 rows x 8 warps, down 2 warps with
-#                                            # the prefetch) patched in, and without, alternating
+#   bash benchmarks/gpu_session.sh int4shapes  # int4 batch 1 with the two per-shape launches (o 64 rows x
+#                                            # 8 warps, down 2 warps with the prefetch; the default since
+#                                            # the 32nd session) and with the 31st's rule, alternating
 #   bash benchmarks/gpu_session.sh int8row   # not yet run: int8 batch 1 with its o row on the row GEMV
 #                                            # (with the prefetch) patched in, and without, alternating
 #   bash benchmarks/gpu_session.sh w8row     # one fp8 o-projection row through the CUDA-core row GEMV
@@ -782,18 +782,16 @@ M.decode_quantize_min_n = 1 << 30; from qwick.entrypoints.cli import main; sys.e
     done
     ;;
   int4shapes)
+    # the 31st session's rule (every shape 32 rows x 4 warps) patched in, against the default since the
+    # 32nd (o 64 rows x 8 warps, down 2 warps with the prefetch): 505.1 / 504.8 against 502.1 / 502.6
     SHAPES31="import sys, dataclasses; import qwick.kernels.row_gemv_half2 as h
 base = h.default_half2_config
-def tuned(n, kw, num_sms):  # the 31st session's sweep: o 5.33 against 5.45 us, down 13.66 against 14.07
+def plain(n, kw, num_sms):
     cfg = base(n, kw, num_sms)
-    if n == 8 * kw:  # square (the o projection)
-        return dataclasses.replace(cfg, block_n=64, num_warps=8)
-    if 8 * kw > 8192:  # long K (the down projection)
-        return dataclasses.replace(cfg, num_warps=2, prefetch=True)
-    return cfg
-h.default_half2_config = tuned
+    return dataclasses.replace(cfg, block_n=32, num_warps=4, prefetch=False)
+h.default_half2_config = plain
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    alternate b1_int4_default b1_int4_shapes "$SHAPES31" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
+    alternate b1_int4_shapes b1_int4_rule31 "$SHAPES31" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
       --quantization int4
     ;;
   int8row)

@@ -296,11 +296,20 @@ def default_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig:
     programs per SM, down to one tile of K per split. From the H200 sweep with the producer's pairs
     (`TILE_WORDS=32 python benchmarks/int4_half2_sweep.py`, 31st session in BENCHMARKS.md) at the
     qwen2.5-7b shapes: split 1 for gate/up (22.7-23.3 us against 23.9-24.0 at 64-row tiles), 8 for qkv (5.9
-    against 6.0; 6.7 at split 4), o (5.4 against 5.7) and down (14.1 against 15.9; 15.0 at split 16)."""
+    against 6.0; 6.7 at split 4), o (5.4 against 5.7) and down (14.1 against 15.9; 15.0 at split 16).
+
+    Two shapes launch differently, from the same sweep (32nd session: batch-1 int4 505.1 and 504.8 tok/s
+    against 502.1 and 502.6): a long K (past 8192, the down projection) in 2 warps with the two-tile
+    prefetch (13.7 us against 14.1), and an output no wider than K (the o projection) in 64-row tiles of 8
+    warps (5.3 against 5.5), each keeping the split above."""
     block_n, block_w = 32, tile_words_for(kw)
     tiles, k_tiles, split = triton.cdiv(n, block_n), kw // block_w, 1
     while tiles * split * 2 <= 12 * num_sms and k_tiles >= 2 * split:
         split *= 2
+    if 8 * kw > 8192:
+        return RowGemvConfig(block_n, block_w, split, num_warps=2, prefetch=True)
+    if n <= 8 * kw:
+        return RowGemvConfig(64, block_w, split, num_warps=8)
     return RowGemvConfig(block_n, block_w, split)
 
 

@@ -120,6 +120,21 @@ def test_w4_row_gemv_matches_dequantized_matmul(n, k, form, kernel):
     assert int(ws.counters.abs().sum()) == 0
 
 
+def test_default_half2_launch_shapes_at_7b():
+    """The H200 sweep's launch shapes (`default_half2_config`): 32-row tiles of 4 warps, K split up to 12
+    programs per SM; 2 warps with the prefetch past K 8192 (down), 64 rows of 8 warps when N <= K (o)."""
+    from qwick.kernels.row_gemv import RowGemvConfig
+    from qwick.kernels.row_gemv_half2 import default_half2_config
+
+    def cfg(n, k):
+        return default_half2_config(n, k // 8, 132)
+
+    assert cfg(4608, 3584) == RowGemvConfig(32, 32, 8)  # qkv
+    assert cfg(37888, 3584) == RowGemvConfig(32, 32, 1)  # gate/up
+    assert cfg(3584, 3584) == RowGemvConfig(64, 32, 8, num_warps=8)  # o
+    assert cfg(3584, 18944) == RowGemvConfig(32, 32, 8, num_warps=2, prefetch=True)  # down
+
+
 def test_half_pairs_reference_layout():
     """`half_pairs` (the torch form benchmarks feed the GEMV): int32 4w + p holds x[8w + p] / 64 in its low
     half and x[8w + p + 4] / 64 in its high half."""
