@@ -33,8 +33,9 @@
 #   bash benchmarks/gpu_session.sh int4shapes  # int4 batch 1 with the two per-shape launches (o 64 rows x
 #                                            # 8 warps, down 2 warps with the prefetch; the default since
 #                                            # the 32nd session) and with the 31st's rule, alternating
-#   bash benchmarks/gpu_session.sh int8row   # not yet run: int8 batch 1 with its o row on the row GEMV
-#                                            # (with the prefetch) patched in, and without, alternating
+#   bash benchmarks/gpu_session.sh int8row   # int8 batch 1 with its o row on the row GEMV (with the
+#                                            # prefetch) patched in, and without, alternating (32nd
+#                                            # session: 372.9 / 372.6 against 372.3 / 372.1, not kept)
 #   bash benchmarks/gpu_session.sh w8row     # one fp8 o-projection row through the CUDA-core row GEMV
 #                                            # (`row_gemv_max_n`, on): its GPU tests, fp8 batch 1 with it
 #                                            # and without, alternating
