@@ -4,9 +4,7 @@ is checked against float64, then timed as decode runs it: CUDA-graph replays ove
 together overflow the L2, the f16x2 kernel reading the `HalfPairs` operand x's producer writes (env
 PAIRS=0: pairing x in registers instead). Each launch shape runs with and without the two-tile register
 prefetch (`RowGemvConfig.prefetch`); env TILE_WORDS (default "16 32") narrows the tiles; the default and
-64-row tiles also run under each register cap of env MAX_REGISTERS (default "32 40 48 64"); 32- and
-64-row tiles on 2, 4 and 8 warps through each depth of env LOOP_STAGES (default "2 3 4") of Triton's
-software pipeline (STAGES_ONLY=1: only those and the defaults). Prints the
+64-row tiles also run under each register cap of env MAX_REGISTERS (default "32 40 48 64"). Prints the
 default and the best three per shape and the per-layer sums; argv[1]: JSON out. With TRITON_INTERPRET=1
 on the CPU: tiny shapes, a smoke test without timings.
 
@@ -41,8 +39,6 @@ CUDA = torch.cuda.is_available()
 PAIRS = os.environ.get("PAIRS", "1") != "0"
 TILE_WORDS = tuple(int(v) for v in os.environ.get("TILE_WORDS", "16 32").split())
 MAX_REGISTERS = tuple(int(v) for v in os.environ.get("MAX_REGISTERS", "32 40 48 64").split())
-LOOP_STAGES = tuple(int(v) for v in os.environ.get("LOOP_STAGES", "2 3 4").split())
-STAGES_ONLY = os.environ.get("STAGES_ONLY") == "1"
 if not CUDA:
     SHAPES = {"tiny": (64, 512)}
 
@@ -100,26 +96,20 @@ def main() -> None:
         cands = [("fp32 row GEMV, default", None)]
         base = default_half2_config(n, kw, ws.num_sms)
         cands.append(("f16x2, default", base))
-        for stages, bn, warps in itertools.product(LOOP_STAGES, (32, 64), (2, 4, 8)):
-            # Triton's software pipeline of the tile loads (`RowGemvConfig.loop_stages`), no prefetch
-            cfg = replace(base, block_n=bn, num_warps=warps, prefetch=False, loop_stages=stages)
-            label = f"f16x2 {bn}x{cfg.block_k} split {cfg.split_k}, {warps} warps, {stages} stages"
-            cands.append((label, cfg))
         for bn, bw, split, pf in itertools.product(
-            (16, 32, 64, 128), () if STAGES_ONLY else TILE_WORDS, (1, 2, 4, 8, 16), (False, True)
+            (16, 32, 64, 128), TILE_WORDS, (1, 2, 4, 8, 16), (False, True)
         ):
             # splits beyond about twelve programs per SM only add reduction work (`default_half2_config`)
             if kw % bw == 0 and kw // bw >= split and (split == 1 or (n // bn) * split <= 12 * ws.num_sms):
                 label = f"f16x2 {bn}x{bw} split {split}" + (", prefetch" if pf else "")
                 cands.append((label, RowGemvConfig(bn, bw, split, prefetch=pf)))
-        for (bn, warps), pf in itertools.product(() if STAGES_ONLY else ROWS_WARPS, (False, True)):
+        for (bn, warps), pf in itertools.product(ROWS_WARPS, (False, True)):
             cfg = replace(base, block_n=bn, num_warps=warps, prefetch=pf)  # rows per thread against warps
             label = f"f16x2 {bn}x{cfg.block_k} split {cfg.split_k}, {warps} warps" + (
                 ", prefetch" if pf else ""
             )
             cands.append((label, cfg))
-        caps = () if STAGES_ONLY else MAX_REGISTERS
-        for bn, regs in itertools.product((32, 64), caps):  # more programs resident, or spills
+        for bn, regs in itertools.product((32, 64), MAX_REGISTERS):  # more programs resident, or spills
             cfg = replace(base, block_n=bn, max_registers=regs)
             if bn != base.block_n:
                 cfg = replace(cfg, split_k=max(1, min(base.split_k * base.block_n // bn, 16)))

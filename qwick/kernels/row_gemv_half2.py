@@ -233,7 +233,6 @@ def _w4_half2_kernel(
     DOT4: tl.constexpr,
     EMULATE: tl.constexpr,
     PREFETCH: tl.constexpr,
-    LOOP_STAGES: tl.constexpr,
 ):
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); tiles of BLOCK_W words of
     BLOCK_N rows, handled a quad of words (32 codes, inside one group) at a time. KW is a multiple of
@@ -263,11 +262,6 @@ def _w4_half2_kernel(
             words_a = tl.load(q_rows + (ja + rw)[None, :], mask=n_ok[:, None], other=0)
             s_a, z_a = _tile_scales(s_rows, z_rows, ja, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
             acc += s_b * _tile_part(words_b, x_ptr, jb, quad, z_b, XPAIRS, DOT4, EMULATE)
-    elif LOOP_STAGES > 1:  # Triton's software pipeline: the tiles' loads run ahead through shared memory
-        for j in tl.range(j_start, j_end, BLOCK_W, num_stages=LOOP_STAGES):
-            words = tl.load(q_rows + (j + rw)[None, :], mask=n_ok[:, None], other=0)
-            s, z = _tile_scales(s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
-            acc += s * _tile_part(words, x_ptr, j, quad, z, XPAIRS, DOT4, EMULATE)
     else:
         for j in tl.range(j_start, j_end, BLOCK_W):
             words = tl.load(q_rows + (j + rw)[None, :], mask=n_ok[:, None], other=0)
@@ -367,7 +361,6 @@ def w4_half2_gemv(
         DOT4=DOT4_ASM,
         EMULATE=EMULATE,
         PREFETCH=cfg.prefetch,
-        LOOP_STAGES=cfg.loop_stages,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
