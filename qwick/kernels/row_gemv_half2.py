@@ -301,7 +301,8 @@ def default_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig:
     Two shapes launch differently, from the same sweep (32nd session: batch-1 int4 505.1 and 504.8 tok/s
     against 502.1 and 502.6): a long K (past 8192, the down projection) in 2 warps with the two-tile
     prefetch (13.7 us against 14.1), and an output no wider than K (the o projection) in 64-row tiles of 8
-    warps (5.3 against 5.5), each keeping the split above."""
+    warps (5.3 against 5.5), each keeping the split above. Both were measured at the 7b shapes only; other
+    models' o and down projections take them by the same shape rule."""
     block_n, block_w = 32, tile_words_for(kw)
     tiles, k_tiles, split = triton.cdiv(n, block_n), kw // block_w, 1
     while tiles * split * 2 <= 12 * num_sms and k_tiles >= 2 * split:

@@ -349,9 +349,11 @@ class W8A8LinearMethod(LinearMethod):
     def _row_gemv(self, x: torch.Tensor, n: int, k: int) -> bool:
         """One skinny fp8 row multiplied as it is (W8A16) in a layer narrower than `row_gemv_max_n`, with a
         K of at most `decode_w8a8_max_k` (the shapes measured) that the row GEMV's tiles divide."""
-        one_fp8_row = x.shape[0] == 1 and self.qdtype == FP8_DTYPE
-        short_k = k <= self.decode_w8a8_max_k and k % 128 == 0  # `row_gemv_w8.w8_row_block_k`
-        return one_fp8_row and n < self.row_gemv_max_n and short_k
+        if x.shape[0] != 1 or self.qdtype != FP8_DTYPE or n >= self.row_gemv_max_n:
+            return False
+        from qwick.kernels.row_gemv_w8 import w8_row_block_k  # Triton: imported only where it runs
+
+        return k <= self.decode_w8a8_max_k and w8_row_block_k(k) is not None
 
     def _rowwise(self, x: torch.Tensor, n: int, k: int) -> bool:
         """fp8 per channel at 16 < M <= `rowwise_max_m` (bf16/fp16), K >= `rowwise_min_k`, where cuBLAS's
