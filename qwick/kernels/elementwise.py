@@ -71,11 +71,11 @@ def _rms_norm_kernel(
     if QUANT:  # the row's codes and scale, as `quantize_rows` would make them from `out`
         _store_codes(y, q_ptr + row * stride_q + cols, s_ptr + row, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
     if PAIRS:
-        _store_half_pairs(y, p_ptr + row * stride_p, 0, N // 8, INV_DIV, BLOCK)
+        store_half_pairs(y, p_ptr + row * stride_p, 0, N // 8, INV_DIV, BLOCK)
 
 
 @triton.jit
-def _store_half_pairs(y, p_row, first_word, num_words, INV_DIV: tl.constexpr, BLOCK: tl.constexpr):
+def store_half_pairs(y, p_row, first_word, num_words, INV_DIV: tl.constexpr, BLOCK: tl.constexpr):
     """The values y [BLOCK] (BLOCK / 8 words of eight columns from word `first_word`) as the `HalfPairs`
     operand: for each word, (x_p, x_{p+4}) * INV_DIV rounded to fp16, x_p in the low half, at int32
     `p_row + 4 * word + p`. The same values as the int4 f16x2 GEMV's in-register pairing."""
@@ -323,13 +323,19 @@ def rotary_in_place(
 
 
 @triton.jit
-def _silu_mul(x_row, cols, mask, N):
-    """silu(gate) * up at `cols` of one row of [gate | up], rounded where PyTorch rounds, in x's dtype."""
-    gate = tl.load(x_row + cols, mask=mask, other=0.0)
-    up = tl.load(x_row + N + cols, mask=mask, other=0.0).to(tl.float32)
+def silu_times(gate, up):
+    """silu(gate) * up of values in the model dtype, rounded where PyTorch rounds, in gate's dtype."""
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # F.silu rounds to the dtype
-    return (act * up).to(gate.dtype)
+    return (act * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
+def _silu_mul(x_row, cols, mask, N):
+    """silu(gate) * up at `cols` of one row of [gate | up], in x's dtype."""
+    gate = tl.load(x_row + cols, mask=mask, other=0.0)
+    up = tl.load(x_row + N + cols, mask=mask, other=0.0)
+    return silu_times(gate, up)
 
 
 @triton.jit
@@ -351,7 +357,7 @@ def _silu_and_mul_kernel(
     y = _silu_mul(x_ptr + row * stride_x, cols, mask, N)
     tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
     if PAIRS:
-        _store_half_pairs(y, p_ptr + row * stride_p, tl.program_id(1) * (BLOCK // 8), N // 8, INV_DIV, BLOCK)
+        store_half_pairs(y, p_ptr + row * stride_p, tl.program_id(1) * (BLOCK // 8), N // 8, INV_DIV, BLOCK)
 
 
 @triton.jit

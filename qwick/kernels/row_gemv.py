@@ -172,20 +172,39 @@ def decode_tile_dot(words, xs, z, exponent):
 
 @triton.jit
 def row_split(
-    qw_ptr, s_ptr, z_ptr, N, KW, stride_qn, stride_sn, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    N,
+    KW,
+    stride_qn,
+    stride_sn,
+    SPLIT_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W,
+    GATED: tl.constexpr = False,
 ):
     """A program's rows and its range of K words [j_start, j_end) (splits of whole tiles), and the row
-    pointers of the codes ([BLOCK_N, 1]), scales and zero points ([BLOCK_N])."""
+    pointers of the codes ([BLOCK_N, 1]), scales and zero points ([BLOCK_N]). GATED (a [gate | up] weight
+    of N rows): the tile's first half are gate rows, its second half the up rows of the same outputs."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GATED:
+        HALF: tl.constexpr = BLOCK_N // 2
+        r = tl.arange(0, BLOCK_N)
+        out = pid_n * HALF + r % HALF  # the output each row feeds
+        rn = out + (r // HALF) * (N // 2)
+        n_ok = out < N // 2
+    else:
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < N
     w_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_W) * BLOCK_W
     j_start = pid_k * w_per_split
     j_end = tl.minimum(j_start + w_per_split, KW)
     rn64 = rn.to(tl.int64)
     q_rows = qw_ptr + rn64[:, None] * stride_qn
     s_rows = s_ptr + rn64 * stride_sn
-    return pid_n, pid_k, rn, rn < N, j_start, j_end, q_rows, s_rows, z_ptr + rn64 * stride_sn
+    return pid_n, pid_k, rn, n_ok, j_start, j_end, q_rows, s_rows, z_ptr + rn64 * stride_sn
 
 
 @triton.jit

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from qwick.kernels.elementwise import silu_times, store_half_pairs
 from qwick.kernels.gemv import GemvWorkspace
 from qwick.kernels.half2 import EMULATE, split4, sum_halves_asm
 from qwick.kernels.row_gemv import (
@@ -46,6 +47,7 @@ from qwick.kernels.row_gemv import (
     w4_row_supported,
     weight_args,
 )
+from qwick.layers.linear import HalfPairs, PairedRows
 from qwick.quantization.formats.layout import QuantizedWeight
 
 X_DIV = 64.0
@@ -222,6 +224,7 @@ def _w4_half2_kernel(
     KW,
     stride_qn,
     stride_sn,
+    p_ptr,
     ZERO_POINT: tl.constexpr,
     ZERO_MODE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -233,13 +236,18 @@ def _w4_half2_kernel(
     DOT4: tl.constexpr,
     EMULATE: tl.constexpr,
     PREFETCH: tl.constexpr,
+    GATED: tl.constexpr,
+    OUT_PAIRS: tl.constexpr,
+    OUT_INV_DIV: tl.constexpr,
 ):
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); tiles of BLOCK_W words of
     BLOCK_N rows, handled a quad of words (32 codes, inside one group) at a time. KW is a multiple of
-    BLOCK_W, so only rows are masked (and the loads stay 16 bytes wide)."""
+    BLOCK_W, so only rows are masked (and the loads stay 16 bytes wide). GATED: y [1, N / 2] is
+    silu(gate) * up of a [gate | up] weight instead (`_gated_epilogue`; one split), and with OUT_PAIRS
+    also its `HalfPairs` at p_ptr."""
     C: tl.constexpr = BLOCK_W // 4
     pid_n, pid_k, rn, n_ok, j_start, j_end, q_rows, s_rows, z_rows = row_split(
-        qw_ptr, s_ptr, z_ptr, N, KW, stride_qn, stride_sn, SPLIT_K, BLOCK_N, BLOCK_W
+        qw_ptr, s_ptr, z_ptr, N, KW, stride_qn, stride_sn, SPLIT_K, BLOCK_N, BLOCK_W, GATED
     )
     quad = tl.arange(0, C) * 4
     rw = tl.arange(0, BLOCK_W)
@@ -268,9 +276,45 @@ def _w4_half2_kernel(
             s, z = _tile_scales(s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
             acc += s * _tile_part(words, x_ptr, j, quad, z, XPAIRS, DOT4, EMULATE)
     acc *= _X_DIV
-    _row_epilogue(
-        acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rn, n_ok, pid_n, pid_k, N, HAS_BIAS, SPLIT_K, BLOCK_N
-    )
+    if GATED:
+        _gated_epilogue(
+            acc, b_ptr, y_ptr, p_ptr, rn, n_ok, pid_n, N, HAS_BIAS, OUT_PAIRS, OUT_INV_DIV, BLOCK_N
+        )
+    else:
+        _row_epilogue(
+            acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rn, n_ok, pid_n, pid_k, N, HAS_BIAS, SPLIT_K, BLOCK_N
+        )
+
+
+@triton.jit
+def _gated_epilogue(
+    acc2d,
+    b_ptr,
+    y_ptr,
+    p_ptr,
+    rn,
+    n_ok,
+    pid_n,
+    N,
+    HAS_BIAS: tl.constexpr,
+    OUT_PAIRS: tl.constexpr,
+    OUT_INV_DIV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """A whole-K tile of `row_split`'s GATED rows: its gate and up sums (+ bias) rounded to y's dtype, as
+    the plain GEMV stores them, then silu(gate) * up of its BLOCK_N / 2 outputs as `silu_and_mul`
+    computes it (bit for bit), and with OUT_PAIRS their `HalfPairs` (`store_half_pairs`)."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    y = tl.sum(acc2d, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+    y = y.to(y_ptr.dtype.element_ty)
+    gate, up = tl.split(tl.permute(tl.reshape(y, (2, HALF)), (1, 0)))  # rows r and HALF + r
+    act = silu_times(gate, up)
+    outs = pid_n * HALF + tl.arange(0, HALF)
+    tl.store(y_ptr + outs, act, mask=outs < N // 2)
+    if OUT_PAIRS:
+        store_half_pairs(act, p_ptr, pid_n * (HALF // 8), N // 16, OUT_INV_DIV, HALF)
 
 
 def half_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -325,6 +369,51 @@ def w4_half2_gemv(
     """`x @ W.T + bias` for one row x [1, K] of bf16/fp16 activations and an int4 `QuantizedWeight`
     (`w4_half2_supported`), in f16x2 arithmetic (see the module docstring). `pairs`: x's `HalfPairs`
     operand (int32 [1, K / 2], `X_DIV`), read instead of x (weights without an act-order permutation)."""
+    return _launch(x, weight, bias, ws, config, pairs, gated=False, out_pairs=None)
+
+
+def gated_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig | None:
+    """The launch of `w4_half2_gated` for a [gate | up] weight of n rows: `default_half2_config`'s (the
+    same grid: each tile is half gate rows, half up rows), when that has a single split, which the gated
+    epilogue needs (the qwen2.5-7b and 14b gate/up projections); None otherwise."""
+    cfg = default_half2_config(n, kw, num_sms)
+    return cfg if cfg.split_k == 1 and n % 32 == 0 else None
+
+
+def w4_half2_gated(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    ws: GemvWorkspace,
+    config: RowGemvConfig | None = None,
+    pairs: torch.Tensor | None = None,
+    out_pairs: HalfPairs | None = None,
+) -> torch.Tensor | PairedRows:
+    """silu(gate) * up for one row x [1, K] and a [gate | up] int4 weight [2I, K] (the packed gate/up
+    projection), in the GEMV's own launch: each tile holds gate rows and the up rows of the same outputs,
+    so SiLU-and-mul needs no launch of its own. The same bits as `silu_and_mul(w4_half2_gemv(...))`.
+    `config` (one split; default `gated_half2_config`) and `pairs` as in `w4_half2_gemv`; `out_pairs`: the
+    output's `HalfPairs` too (a `PairedRows`), as `silu_and_mul` writes them for the down projection."""
+    n, k = weight.shape
+    cfg = config or gated_half2_config(n, k // 8, ws.num_sms)
+    if cfg is None or cfg.split_k != 1 or cfg.block_n % 16 or n % 16:
+        raise ValueError(
+            f"w4_half2_gated needs one split, tiles of 16k rows and an even [gate | up] weight of 16k rows, "
+            f"got {cfg} for N={n}"
+        )
+    return _launch(x, weight, bias, ws, cfg, pairs, gated=True, out_pairs=out_pairs)
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    ws: GemvWorkspace,
+    config: RowGemvConfig | None,
+    pairs: torch.Tensor | None,
+    gated: bool,
+    out_pairs: HalfPairs | None,
+) -> torch.Tensor | PairedRows:
     n, k = weight.shape
     if x.shape != (1, k) or not w4_half2_supported(weight, x):
         raise ValueError(
@@ -344,7 +433,8 @@ def w4_half2_gemv(
     if kw % cfg.block_k or cfg.block_k % 4 or (cfg.block_k % group_words and group_words % cfg.block_k):
         raise ValueError(f"tiles of {cfg.block_k} words do not fit rows of {kw} in groups of {group_words}")
     tiles = _check_workspace(ws, n, cfg)
-    y = torch.empty((1, n), dtype=x_dtype, device=x.device)
+    y = torch.empty((1, n // 2 if gated else n), dtype=x_dtype, device=x.device)
+    p = torch.empty((1, n // 4), dtype=torch.int32, device=x.device) if out_pairs is not None else y
     args, meta = weight_args(weight, bias, y, ws)
     if pairs is not None:
         xpairs = PAIRED
@@ -353,6 +443,7 @@ def w4_half2_gemv(
     _w4_half2_kernel[(tiles, cfg.split_k)](
         x,
         *args,
+        p,
         **meta,
         SPLIT_K=cfg.split_k,
         GROUP_W=group_words,
@@ -362,8 +453,11 @@ def w4_half2_gemv(
         DOT4=DOT4_ASM,
         EMULATE=EMULATE,
         PREFETCH=cfg.prefetch,
+        GATED=gated,
+        OUT_PAIRS=out_pairs is not None,
+        OUT_INV_DIV=1.0 / out_pairs.x_div if out_pairs is not None else 1.0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
-    return y
+    return PairedRows(y, p) if out_pairs is not None else y

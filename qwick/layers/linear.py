@@ -108,6 +108,14 @@ class LinearMethod:
     def apply_quantized(self, layer: Linear, x: QuantizedRows | PairedRows) -> torch.Tensor:
         return self.apply(layer, x.x)
 
+    def apply_gated(
+        self, layer: Linear, x: torch.Tensor | QuantizedRows | PairedRows, quant: RowQuant | HalfPairs | None
+    ) -> torch.Tensor | QuantizedRows | PairedRows | None:
+        """silu(gate) * up of a [gate | up] layer's output in one launch with the matmul, with the codes or
+        pairs `quant` asks for (the next layer's `input_quant`); None when this method has no such kernel
+        for x, and the caller runs the matmul and SiLU-and-mul apart."""
+        return None
+
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """`x @ weight.T + bias` on a plain (not repacked) weight, e.g. a tied embedding as the LM head."""
         return linear(x, weight, bias)
@@ -189,6 +197,15 @@ class Linear(nn.Module):
         if isinstance(x, (QuantizedRows, PairedRows)):
             return self.method.apply_quantized(self, x)
         return self.method.apply(self, x)
+
+    def gated(
+        self, x: torch.Tensor | QuantizedRows | PairedRows, quant: RowQuant | HalfPairs | None
+    ) -> torch.Tensor | QuantizedRows | PairedRows | None:
+        """silu(gate) * up of this [gate | up] layer (two equal `output_sizes`) in one launch, when its
+        method can (`LinearMethod.apply_gated`); None otherwise."""
+        if len(self.output_sizes) != 2 or self.output_sizes[0] != self.output_sizes[1]:
+            return None
+        return self.method.apply_gated(self, x, quant)
 
     def input_quant(self, x: torch.Tensor) -> RowQuant | HalfPairs | None:
         """How this layer would quantize the rows of `x` (a tensor with its input's rows, dtype and device),

@@ -142,8 +142,12 @@ class DecoderMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
-        h = self.gate_up_proj(x)
-        return self.down_proj(self.act(h, quant=self.down_proj.input_quant(h)))
+        rows = x.x if isinstance(x, (QuantizedRows, PairedRows)) else x  # h's rows, dtype and device
+        quant = self.down_proj.input_quant(rows)
+        act = self.gate_up_proj.gated(x, quant)
+        if act is None:
+            act = self.act(self.gate_up_proj(x), quant=quant)
+        return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):

@@ -117,6 +117,11 @@ class PackedLinearMethod(LinearMethod):
     # rows, 172 against 187 at 64 (down alone is slower at 16-32 rows: 41 / 53 against 38 / 48 us); 64
     # concurrent fp16 int4 requests 9,379 against 8,763 out tok/s, 16 concurrent 3,524 against 3,513.
     tiled_half_decode = True
+    # Batch-1 SiLU-and-mul in the packed gate/up projection's f16x2 GEMV (`w4_half2_gated`: each tile
+    # holds gate rows and the matching up rows, so its epilogue writes silu(gate) * up and the down
+    # projection's pairs), where the launch has one split (the 7b and 14b gate/up): one launch fewer per
+    # layer. Off until timed on a GPU (written in the 33rd session, which had none).
+    gated_decode = False
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
@@ -197,6 +202,27 @@ class PackedLinearMethod(LinearMethod):
         if not isinstance(x, PairedRows):
             return self.apply(layer, x.x)
         return w4_half2_gemv(x.x, self.quantized_weight(layer), layer.bias, self.workspace, pairs=x.pairs)
+
+    def apply_gated(
+        self, layer: Linear, x: torch.Tensor | PairedRows, quant: HalfPairs | None
+    ) -> torch.Tensor | PairedRows | None:
+        """One row with `gated_decode` on: the f16x2 GEMV with SiLU-and-mul in its epilogue, when its
+        launch has one split (`gated_half2_config`) and the down projection wants the pairs or nothing."""
+        rows = x.x if isinstance(x, PairedRows) else x
+        if not (self.gated_decode and self.decode_half2 and isinstance(rows, torch.Tensor) and rows.is_cuda):
+            return None
+        if rows.dim() != 2 or rows.shape[0] != 1 or not (quant is None or isinstance(quant, HalfPairs)):
+            return None
+        from qwick.kernels.row_gemv_half2 import gated_half2_config, w4_half2_gated, w4_half2_supported
+
+        weight = self.quantized_weight(layer)
+        if not w4_half2_supported(weight, rows):
+            return None
+        cfg = gated_half2_config(weight.shape[0], weight.shape[1] // 8, self.workspace.num_sms)
+        if cfg is None:
+            return None
+        pairs = x.pairs if isinstance(x, PairedRows) else None
+        return w4_half2_gated(rows, weight, layer.bias, self.workspace, cfg, pairs=pairs, out_pairs=quant)
 
     def _apply_cuda(self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
         """Batch 1: the CUDA-core GEMV; `tiled_min_m` to `tiled_max_m` rows (2-128; above 64 only large

@@ -193,3 +193,58 @@ def test_f16x2_refusals():
     with pytest.raises(ValueError, match="do not fit"):
         w4_half2_gemv(torch.randn(1, 896, device=dev).half(), qw, None, ws, RowGemvConfig(64, 32, 1))
     assert tile_words_for(112) == 16 and tile_words_for(448) == 32 and tile_words_for(8 * 13) == 8
+
+
+@pytest.mark.parametrize("inter,k", [(48, 512), (40, 768)] if INTERPRET else [(18944, 3584), (40, 768)])
+@pytest.mark.parametrize("paired_in", [False, True])
+def test_gated_gemv_is_silu_and_mul_of_the_gemv(inter, k, paired_in):
+    """`w4_half2_gated` on a [gate | up] weight: bit for bit `silu_and_mul` of `w4_half2_gemv` at the same
+    launch shape, with and without the output's `HalfPairs` (and those equal to what `silu_and_mul`
+    writes), from x or from its pairs, with a bias, at tile heights of 16-64 rows, an intermediate size
+    that is not a multiple of the tile's half (40), and the 7b gate/up on GPUs."""
+    from qwick.kernels.elementwise import rms_norm, silu_and_mul
+    from qwick.kernels.row_gemv import RowGemvConfig
+    from qwick.kernels.row_gemv_half2 import (
+        X_DIV,
+        gated_half2_config,
+        tile_words_for,
+        w4_half2_gated,
+        w4_half2_gemv,
+    )
+    from qwick.layers.linear import HalfPairs, PairedRows
+
+    dev = triton_device()
+    ws = gemv_workspace(dev)
+    act = torch.float16 if INTERPRET else torch.bfloat16
+    gen = torch.Generator().manual_seed(inter + k)
+    n = 2 * inter
+    qw = rtn.quantize(torch.randn(n, k, generator=gen) / k**0.5, group_size=128).to(dev)
+    h = torch.randn(1, k, generator=gen).to(dev, act) * 3
+    x = rms_norm(h, torch.rand(k, generator=gen).to(dev, act) + 0.5, 1e-6, quant=HalfPairs(X_DIV))
+    pairs = x.pairs if paired_in else None
+    b = torch.randn(n, generator=gen).to(dev, act)
+    kw = k // 8
+    cfgs = [RowGemvConfig(32, tile_words_for(kw), 1), RowGemvConfig(16, 16, 1, prefetch=True)]
+    cfgs.append(RowGemvConfig(64, tile_words_for(kw), 1, num_warps=8))
+    if gated_half2_config(n, kw, ws.num_sms) is not None:
+        cfgs.append(None)
+    for cfg in cfgs:
+        y = w4_half2_gemv(x.x, qw, b, ws, cfg or gated_half2_config(n, kw, ws.num_sms), pairs=pairs)
+        want = silu_and_mul(y, HalfPairs(X_DIV))
+        got = w4_half2_gated(x.x, qw, b, ws, cfg, pairs=pairs)
+        assert got.shape == (1, inter) and torch.equal(got, want.x), cfg
+        got = w4_half2_gated(x.x, qw, b, ws, cfg, pairs=pairs, out_pairs=HalfPairs(X_DIV))
+        assert isinstance(got, PairedRows) and torch.equal(got.x, want.x), cfg
+        assert torch.equal(got.pairs, want.pairs), cfg
+    with pytest.raises(ValueError, match="one split"):
+        w4_half2_gated(x.x, qw, b, ws, RowGemvConfig(32, 16, 2))
+
+
+def test_gated_launch_only_with_one_split():
+    """`gated_half2_config`: the plain launch where it has one split (7b and 14b gate/up), else None."""
+    from qwick.kernels.row_gemv import RowGemvConfig
+    from qwick.kernels.row_gemv_half2 import gated_half2_config
+
+    assert gated_half2_config(37888, 448, 132) == RowGemvConfig(32, 32, 1)
+    assert gated_half2_config(27648, 640, 132) == RowGemvConfig(32, 32, 1)
+    assert gated_half2_config(9728, 112, 132) is None  # 0.5b: 304 tiles split 4

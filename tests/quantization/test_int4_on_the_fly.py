@@ -336,3 +336,49 @@ def test_paired_input_gives_the_same_tokens(tmp_path, monkeypatch):
         outs.append(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
         del llm
     assert outs[0] == outs[1]
+
+
+@pytest.mark.gpu
+def test_gated_decode_gives_the_same_tokens(tmp_path, monkeypatch):
+    """`gated_decode` on: batch-1 SiLU-and-mul in the gate/up GEMV's epilogue (`w4_half2_gated`, here at a
+    one-split launch for the tiny shapes, which would split K), the same activations bit for bit as the
+    separate launch, so the same greedy tokens (CUDA graphs on); and the gated kernel is what ran."""
+    from qwick.kernels import row_gemv_half2 as h
+
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    path = str(tmp_path / "m")
+    make_tiny_model("qwen2", path, **QUANTIZABLE_DIMS)
+    prompt = list(range(5, 40))
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    calls = []
+    real = h.w4_half2_gated
+    monkeypatch.setattr(h, "w4_half2_gated", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
+    monkeypatch.setattr(
+        h, "gated_half2_config", lambda n, kw, sms: h.RowGemvConfig(32, h.tile_words_for(kw), 1)
+    )
+    outs = []
+    for gated in (False, True):
+        monkeypatch.setattr(RtnInt4LinearMethod, "gated_decode", gated)
+        llm = LLM(path, quantization="int4", dtype="bfloat16", max_model_len=256, num_gpu_blocks_override=64)
+        outs.append(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+        del llm
+    assert outs[0] == outs[1]
+    assert calls and set(calls) == {
+        (2 * QUANTIZABLE_DIMS["intermediate_size"], QUANTIZABLE_DIMS["hidden_size"])
+    }
+
+
+def test_gated_decode_stays_off_the_cpu(monkeypatch):
+    """`gated_decode` on: a CPU row (and a layer that is not [gate | up]) is not gated, so the MLP runs its
+    matmul and SiLU-and-mul apart, as before."""
+    monkeypatch.setattr(RtnInt4LinearMethod, "gated_decode", True)
+    method = Int4Config().linear_method("model.layers.0.mlp.gate_up_proj", ["x"])
+    layer = Linear(256, [128, 128], method=method)
+    layer.weight.data.copy_(torch.randn(256, 256) * 0.05)
+    method.process_weights_after_loading(layer)
+    assert layer.gated(torch.randn(1, 256).bfloat16(), None) is None
+    uneven = Linear(
+        256, [128, 64], method=Int4Config().linear_method("model.layers.0.mlp.gate_up_proj", ["x"])
+    )
+    assert uneven.gated(torch.randn(1, 256).bfloat16(), None) is None
