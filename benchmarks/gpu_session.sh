@@ -29,8 +29,9 @@
 #   bash benchmarks/gpu_session.sh pairs     # int4 batch 1 with the norms and SiLU writing the f16x2 GEMV's
 #                                            # activation pairs (`paired_input`, on): its GPU tests, batch 1
 #                                            # with it and without
-#   bash benchmarks/gpu_session.sh gated     # int4 batch 1 with SiLU-and-mul in the gate/up GEMV's
-#                                            # epilogue (`gated_decode`, off): tests, greedy, A/B
+#   bash benchmarks/gpu_session.sh fused33   # int4 batch 1's two unrun fusions (SiLU-and-mul in the
+#                                            # gate/up GEMV, the post-attention norm in the o GEMV; both
+#                                            # off): tests, greedy; fused33ab: batch 1 with each
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #   bash benchmarks/gpu_session.sh int4shapes  # int4 batch 1 with the two per-shape launches (o 64 rows x
 #                                            # 8 warps, down 2 warps with the prefetch; the default since
@@ -835,24 +836,35 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     alternate b1_int4_rows32 b1_int4_rows64 "$ROWS64" $B1
     ;;
-  gated)  # batch-1 SiLU-and-mul in the int4 gate/up GEMV's epilogue (`gated_decode`, off; written in the
-    # 33rd session without a GPU): its GPU tests, the int4 greedy check with it on, then batch 1 with it
-    # and without, alternating
+  fused33)  # the 33rd session's two unrun fusions for int4 batch 1 (written without a GPU, both off):
+    # SiLU-and-mul in the gate/up GEMV's epilogue (`gated_decode`) and the post-attention norm in the o
+    # GEMV's tail (`normed_decode`). Their GPU tests, the int4 greedy check with both on; then
+    # `fused33ab`: batch 1 with neither, each and both, round-robin
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
-      tests/quantization/test_int4_on_the_fly.py 2>&1 | tail -2
-    GATED="import sys; from qwick.quantization.int4 import PackedLinearMethod as M; M.gated_decode = True; \
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    python -c "from qwick.quantization.int4 import PackedLinearMethod as M; M.gated_decode = True
+      tests/quantization/test_int4_on_the_fly.py tests/kernels/test_elementwise.py 2>&1 | tail -2
+    python -c "from qwick.quantization.int4 import PackedLinearMethod as M
+M.gated_decode = M.normed_decode = True
 import runpy, sys; sys.argv = ['greedy_vs_transformers.py', 'int4']
 runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&1 | grep -i "diverge\|max" | head -4
+    ;;
+  fused33ab)
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
-    alternate b1_int4_plain b1_int4_gated "$GATED" $B1
+    for i in ${REPS_LIST:-1 2}; do
+      for v in none gated normed both; do
+        G=False; N=False
+        [ $v = gated ] || [ $v = both ] && G=True
+        [ $v = normed ] || [ $v = both ] && N=True
+        run b1_int4_${v}_$i python -c "import sys; from qwick.quantization.int4 import PackedLinearMethod as M
+M.gated_decode = $G; M.normed_decode = $N
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --output-json "$OUT/b1_int4_${v}_$i.json"
+      done
+    done
     ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|gated|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

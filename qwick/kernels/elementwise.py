@@ -55,23 +55,100 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    rms_norm_row(
+        x_ptr + row * stride_x,
+        res_ptr + row * stride_res,
+        w_ptr,
+        out_ptr + row * stride_out,
+        q_ptr + row * stride_q,
+        s_ptr + row,
+        p_ptr + row * stride_p,
+        N,
+        eps,
+        HAS_RESIDUAL,
+        QUANT,
+        QMAX,
+        INV_QMAX,
+        MIN_AMAX,
+        IS_INT,
+        PAIRS,
+        INV_DIV,
+        BLOCK,
+        "",
+    )
+
+
+@triton.jit
+def rms_norm_row(
+    x_row,
+    res_row,
+    w_ptr,
+    out_row,
+    q_row,
+    s_ptr,
+    p_row,
+    N,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    QUANT: tl.constexpr,
+    QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    PAIRS: tl.constexpr,
+    INV_DIV: tl.constexpr,
+    BLOCK: tl.constexpr,
+    X_CACHE: tl.constexpr,
+):
+    """One row of `rms_norm` (the whole row in one block): x (+ residual, written back), normalized,
+    times the weight, with its codes or `HalfPairs` if asked. X_CACHE: x's load cache modifier (".cg"
+    where other programs of the same launch wrote x: `qwick.kernels.row_gemv_half2`'s norm tail)."""
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    x = tl.load(x_row + cols, mask=mask, other=0.0, cache_modifier=X_CACHE)
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        r = tl.load(res_row + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded, as `x + residual` is
-        tl.store(res_ptr + row * stride_res + cols, x, mask=mask)
+        tl.store(res_row + cols, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = (w * normed).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    y = (w * normed).to(out_row.dtype.element_ty)
+    tl.store(out_row + cols, y, mask=mask)
     if QUANT:  # the row's codes and scale, as `quantize_rows` would make them from `out`
-        _store_codes(y, q_ptr + row * stride_q + cols, s_ptr + row, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
+        _store_codes(y, q_row + cols, s_ptr, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
     if PAIRS:
-        store_half_pairs(y, p_ptr + row * stride_p, 0, N // 8, INV_DIV, BLOCK)
+        store_half_pairs(y, p_row, 0, N // 8, INV_DIV, BLOCK)
+
+
+@triton.jit
+def rms_norm_tail(
+    y_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    p_ptr,
+    counter_ptr,
+    N,
+    eps,
+    PAIRS: tl.constexpr,
+    INV_DIV: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The end of a GEMV launch whose one-row output y [N] feeds a residual add + RMSNorm: every program
+    arrives at `counter_ptr` once its share of y is stored, and the last to arrive runs `rms_norm_row` on
+    the whole of y (which the others' releases made visible), then resets the counter. One launch fewer
+    than the GEMV and `rms_norm` apart; the one-block row needs a program of enough warps (16 values of
+    BLOCK a thread or fewer keep its registers within the GEMV's)."""
+    tl.debug_barrier()  # every thread's part of y is stored before the release below
+    done = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+        rms_norm_row(
+            y_ptr, res_ptr, w_ptr, out_ptr, out_ptr, y_ptr, p_ptr, N, eps,
+            True, False, 0.0, 0.0, 0.0, False, PAIRS, INV_DIV, BLOCK, ".cg",
+        )  # fmt: skip
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

@@ -269,10 +269,17 @@ class GemvWorkspace:
 
     def fits(self, split_k: int, rows: int, n: int, tiles: int) -> bool:
         """Whether a launch with `split_k` splits can stage its partials here: `rows` partial rows of width
-        `n` per split, and one counter for each of `tiles` output tiles. One split stages nothing."""
+        `n` per split, and one counter for each of `tiles` output tiles (the last counter is
+        `tail_counter`'s). One split stages nothing."""
         if split_k == 1:
             return True
-        return split_k * rows * n <= self.partials.numel() and tiles <= self.counters.numel()
+        return split_k * rows * n <= self.partials.numel() and tiles < self.counters.numel()
+
+    @property
+    def tail_counter(self) -> torch.Tensor:
+        """The arrival counter of a launch's last-program tail (`qwick.kernels.elementwise.rms_norm_tail`):
+        the last of `counters`, which no output tile's counter reaches (`fits`); reset by its user."""
+        return self.counters[-1:]
 
     def check(self, split_k: int, rows: int, n: int, tiles: int, what: object) -> None:
         """`fits`, or a ValueError naming the launch `what`."""

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.elementwise import silu_times, store_half_pairs
+from qwick.kernels.elementwise import rms_norm_tail, silu_times, store_half_pairs
 from qwick.kernels.gemv import GemvWorkspace
 from qwick.kernels.half2 import EMULATE, split4, sum_halves_asm
 from qwick.kernels.row_gemv import (
@@ -47,7 +47,7 @@ from qwick.kernels.row_gemv import (
     w4_row_supported,
     weight_args,
 )
-from qwick.layers.linear import HalfPairs, PairedRows
+from qwick.layers.linear import HalfPairs, NormAfter, PairedRows
 from qwick.quantization.formats.layout import QuantizedWeight
 
 X_DIV = 64.0
@@ -225,6 +225,11 @@ def _w4_half2_kernel(
     stride_qn,
     stride_sn,
     p_ptr,
+    res_ptr,
+    nw_ptr,
+    nout_ptr,
+    tail_ptr,
+    eps,
     ZERO_POINT: tl.constexpr,
     ZERO_MODE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -239,12 +244,15 @@ def _w4_half2_kernel(
     GATED: tl.constexpr,
     OUT_PAIRS: tl.constexpr,
     OUT_INV_DIV: tl.constexpr,
+    NORM_TAIL: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
 ):
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); tiles of BLOCK_W words of
     BLOCK_N rows, handled a quad of words (32 codes, inside one group) at a time. KW is a multiple of
     BLOCK_W, so only rows are masked (and the loads stay 16 bytes wide). GATED: y [1, N / 2] is
     silu(gate) * up of a [gate | up] weight instead (`_gated_epilogue`; one split), and with OUT_PAIRS
-    also its `HalfPairs` at p_ptr."""
+    also its `HalfPairs` at p_ptr. NORM_TAIL: then the residual add + RMSNorm of y (`rms_norm_tail`:
+    res_ptr updated, the normalized row to nout_ptr and with OUT_PAIRS its `HalfPairs` to p_ptr)."""
     C: tl.constexpr = BLOCK_W // 4
     pid_n, pid_k, rn, n_ok, j_start, j_end, q_rows, s_rows, z_rows = row_split(
         qw_ptr, s_ptr, z_ptr, N, KW, stride_qn, stride_sn, SPLIT_K, BLOCK_N, BLOCK_W, GATED
@@ -284,6 +292,10 @@ def _w4_half2_kernel(
         _row_epilogue(
             acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rn, n_ok, pid_n, pid_k, N, HAS_BIAS, SPLIT_K, BLOCK_N
         )
+        if NORM_TAIL:
+            rms_norm_tail(
+                y_ptr, res_ptr, nw_ptr, nout_ptr, p_ptr, tail_ptr, N, eps, OUT_PAIRS, OUT_INV_DIV, NORM_BLOCK
+            )
 
 
 @triton.jit
@@ -372,6 +384,40 @@ def w4_half2_gemv(
     return _launch(x, weight, bias, ws, config, pairs, gated=False, out_pairs=None)
 
 
+def normed_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig | None:
+    """The launch of `w4_half2_normed`: `default_half2_config`'s, when its programs have the warps for the
+    norm's one-block row (`rms_norm_tail`: at most 16 values a thread; the 7b o projection's 8 warps, not
+    the down projection's 2); None otherwise."""
+    cfg = default_half2_config(n, kw, num_sms)
+    return cfg if cfg.num_warps * 32 * 16 >= triton.next_power_of_2(n) else None
+
+
+def w4_half2_normed(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    ws: GemvWorkspace,
+    norm: NormAfter,
+    config: RowGemvConfig | None = None,
+    pairs: torch.Tensor | None = None,
+) -> torch.Tensor | PairedRows:
+    """`norm` (residual add + RMSNorm, `NormAfter`) of `x @ W.T + bias` in the GEMV's own launch: its last
+    program to finish normalizes the row (`rms_norm_tail`), so the norm needs no launch of its own.
+    `norm.residual` [1, N] is updated in place; the result is the normalized row, with its `HalfPairs` (a
+    `PairedRows`) if `norm.quant` asks for them (codes are not written here). The same values as
+    `rms_norm(w4_half2_gemv(...), ...)` up to the order of the row's sum of squares. `config` (default
+    `normed_half2_config`) and `pairs` as in `w4_half2_gemv`."""
+    n = weight.shape[0]
+    cfg = config or normed_half2_config(n, weight.shape[1] // 8, ws.num_sms)
+    if cfg is None or norm.residual.shape != (1, n) or not norm.residual.is_contiguous():
+        raise ValueError(
+            f"w4_half2_normed needs a contiguous [1, {n}] residual and a launch for it, got {cfg}"
+        )
+    if norm.quant is not None and not isinstance(norm.quant, HalfPairs):
+        raise ValueError(f"the norm tail writes HalfPairs or nothing, not {norm.quant}")
+    return _launch(x, weight, bias, ws, cfg, pairs, gated=False, out_pairs=norm.quant, norm=norm)
+
+
 def gated_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig | None:
     """The launch of `w4_half2_gated` for a [gate | up] weight of n rows: `default_half2_config`'s (the
     same grid: each tile is half gate rows, half up rows), when that has a single split, which the gated
@@ -413,6 +459,7 @@ def _launch(
     pairs: torch.Tensor | None,
     gated: bool,
     out_pairs: HalfPairs | None,
+    norm: NormAfter | None = None,
 ) -> torch.Tensor | PairedRows:
     n, k = weight.shape
     if x.shape != (1, k) or not w4_half2_supported(weight, x):
@@ -434,7 +481,13 @@ def _launch(
         raise ValueError(f"tiles of {cfg.block_k} words do not fit rows of {kw} in groups of {group_words}")
     tiles = _check_workspace(ws, n, cfg)
     y = torch.empty((1, n // 2 if gated else n), dtype=x_dtype, device=x.device)
-    p = torch.empty((1, n // 4), dtype=torch.int32, device=x.device) if out_pairs is not None else y
+    p = torch.empty((1, y.shape[1] // 2), dtype=torch.int32, device=x.device) if out_pairs is not None else y
+    out = torch.empty_like(y) if norm is not None else y  # the normalized row (y is its input then)
+    tail = (
+        (norm.residual, norm.weight, out, ws.tail_counter, norm.eps)
+        if norm is not None
+        else (y, y, y, y, 0.0)
+    )
     args, meta = weight_args(weight, bias, y, ws)
     if pairs is not None:
         xpairs = PAIRED
@@ -444,6 +497,7 @@ def _launch(
         x,
         *args,
         p,
+        *tail,
         **meta,
         SPLIT_K=cfg.split_k,
         GROUP_W=group_words,
@@ -456,8 +510,10 @@ def _launch(
         GATED=gated,
         OUT_PAIRS=out_pairs is not None,
         OUT_INV_DIV=1.0 / out_pairs.x_div if out_pairs is not None else 1.0,
+        NORM_TAIL=norm is not None,
+        NORM_BLOCK=triton.next_power_of_2(n) if norm is not None else 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
-    return PairedRows(y, p) if out_pairs is not None else y
+    return PairedRows(out, p) if out_pairs is not None else out

@@ -59,6 +59,19 @@ class PairedRows:
     pairs: torch.Tensor
 
 
+@dataclass
+class NormAfter:
+    """The residual add and RMSNorm that follow a layer (`RMSNorm.forward(y, residual, quant)`), for a
+    method whose kernel runs them at the end of its own launch (`LinearMethod.apply_normed`): `residual`
+    becomes y + residual in place, and the output is the RMSNorm of that (`weight`, `eps`), with the
+    codes or pairs `quant` (the next layer's `input_quant`) asks for."""
+
+    weight: torch.Tensor
+    eps: float
+    residual: torch.Tensor
+    quant: RowQuant | HalfPairs | None = None
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T + bias`, with a GEMV for single-token decode on the CPU.
 
@@ -107,6 +120,13 @@ class LinearMethod:
 
     def apply_quantized(self, layer: Linear, x: QuantizedRows | PairedRows) -> torch.Tensor:
         return self.apply(layer, x.x)
+
+    def apply_normed(
+        self, layer: Linear, x: torch.Tensor, norm: NormAfter
+    ) -> torch.Tensor | QuantizedRows | PairedRows | None:
+        """`norm` applied to this layer's output in the matmul's own launch (`norm.residual` updated in
+        place), or None when this method has no such kernel for x and the caller runs the two apart."""
+        return None
 
     def apply_gated(
         self, layer: Linear, x: torch.Tensor | QuantizedRows | PairedRows, quant: RowQuant | HalfPairs | None
@@ -206,6 +226,11 @@ class Linear(nn.Module):
         if len(self.output_sizes) != 2 or self.output_sizes[0] != self.output_sizes[1]:
             return None
         return self.method.apply_gated(self, x, quant)
+
+    def normed(self, x: torch.Tensor, norm: NormAfter) -> torch.Tensor | QuantizedRows | PairedRows | None:
+        """The RMSNorm `norm` of this layer's output (+ its residual, updated in place) in one launch with
+        the matmul, when the method can (`LinearMethod.apply_normed`); None otherwise."""
+        return self.method.apply_normed(self, x, norm)
 
     def input_quant(self, x: torch.Tensor) -> RowQuant | HalfPairs | None:
         """How this layer would quantize the rows of `x` (a tensor with its input's rows, dtype and device),

@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 from qwick.layers.activation import SiluAndMul
 from qwick.layers.attention.backend import OutputRows
 from qwick.layers.attention.layer import Attention
-from qwick.layers.linear import Linear, LinearMethod, PairedRows, QuantizedRows, VocabEmbedding
+from qwick.layers.linear import Linear, LinearMethod, NormAfter, PairedRows, QuantizedRows, VocabEmbedding
 from qwick.layers.norm import RMSNorm
 from qwick.layers.rotary import RopeStep, RotaryEmbedding
 from qwick.quantization.base import QuantizationConfig
@@ -96,6 +96,15 @@ class DecoderAttention(nn.Module):
     ) -> torch.Tensor:
         """Every token's keys and values go into the cache; the output is every token's, or only the
         `output_rows`' ones."""
+        return self.o_proj(self.attend(rope, x, output_rows))
+
+    def attend(
+        self,
+        rope: RopeStep,
+        x: torch.Tensor | QuantizedRows | PairedRows,
+        output_rows: OutputRows | None = None,
+    ) -> torch.Tensor:
+        """`forward` up to the output projection: the attention's output, o_proj's input."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -103,8 +112,7 @@ class DecoderAttention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         # The backend rotates q and k (with its KV write).
-        out = self.attn(q.flatten(1), k.flatten(1), v, rope, output_rows)
-        return self.o_proj(out)
+        return self.attn(q.flatten(1), k.flatten(1), v, rope, output_rows)
 
 
 def _sliding_window(config: PretrainedConfig, layer_idx: int) -> int | None:
@@ -180,11 +188,15 @@ class DecoderLayer(nn.Module):
             h = self.input_layernorm(x, quant=quant)
         else:
             h, residual = self.input_layernorm(x, residual, quant=quant)
-        x = self.self_attn(rope, h, output_rows)
+        a = self.self_attn.attend(rope, h, output_rows)
         if output_rows is not None:
             residual = residual[output_rows.index]
-        quant = self.mlp.gate_up_proj.input_quant(x)
-        h, residual = self.post_attention_layernorm(x, residual, quant=quant)
+        quant = self.mlp.gate_up_proj.input_quant(a)  # (a has the rows, dtype and device of its input)
+        # The o projection with the norm after it in its own launch where its method can, else apart.
+        post = self.post_attention_layernorm
+        h = self.self_attn.o_proj.normed(a, NormAfter(post.weight, post.eps, residual, quant))
+        if h is None:
+            h, residual = post(self.self_attn.o_proj(a), residual, quant=quant)
         return self.mlp(h), residual
 
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwick.layers.linear import HalfPairs, Linear, LinearMethod, PairedRows
+from qwick.layers.linear import HalfPairs, Linear, LinearMethod, NormAfter, PairedRows
 from qwick.quantization.base import QuantizationConfig
 from qwick.quantization.formats import awq as awq_codec
 from qwick.quantization.formats import cpu_int4, rtn
@@ -122,6 +122,10 @@ class PackedLinearMethod(LinearMethod):
     # projection's pairs), where the launch has one split (the 7b and 14b gate/up): one launch fewer per
     # layer. Off until timed on a GPU (written in the 33rd session, which had none).
     gated_decode = False
+    # Batch-1 residual add + RMSNorm after the output projection in its f16x2 GEMV's launch
+    # (`w4_half2_normed`: the launch's last program normalizes the row), where the launch has the warps for
+    # it (the 7b o projection): one launch fewer per layer. Off until timed on a GPU (33rd session).
+    normed_decode = False
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
@@ -202,6 +206,26 @@ class PackedLinearMethod(LinearMethod):
         if not isinstance(x, PairedRows):
             return self.apply(layer, x.x)
         return w4_half2_gemv(x.x, self.quantized_weight(layer), layer.bias, self.workspace, pairs=x.pairs)
+
+    def apply_normed(
+        self, layer: Linear, x: torch.Tensor, norm: NormAfter
+    ) -> torch.Tensor | PairedRows | None:
+        """One row with `normed_decode` on: the f16x2 GEMV with the norm in its launch's tail, when its
+        launch has the warps for it (`normed_half2_config`) and the next layer wants pairs or nothing."""
+        if not (self.normed_decode and self.decode_half2 and isinstance(x, torch.Tensor) and x.is_cuda):
+            return None
+        if x.dim() != 2 or x.shape[0] != 1 or not (norm.quant is None or isinstance(norm.quant, HalfPairs)):
+            return None
+        from qwick.kernels.row_gemv_half2 import normed_half2_config, w4_half2_normed, w4_half2_supported
+
+        weight = self.quantized_weight(layer)
+        res = norm.residual
+        if not w4_half2_supported(weight, x) or res.dtype != x.dtype or not res.is_contiguous():
+            return None
+        cfg = normed_half2_config(weight.shape[0], weight.shape[1] // 8, self.workspace.num_sms)
+        if cfg is None:
+            return None
+        return w4_half2_normed(x, weight, layer.bias, self.workspace, norm, cfg)
 
     def apply_gated(
         self, layer: Linear, x: torch.Tensor | PairedRows, quant: HalfPairs | None

@@ -248,3 +248,60 @@ def test_gated_launch_only_with_one_split():
     assert gated_half2_config(37888, 448, 132) == RowGemvConfig(32, 32, 1)
     assert gated_half2_config(27648, 640, 132) == RowGemvConfig(32, 32, 1)
     assert gated_half2_config(9728, 112, 132) is None  # 0.5b: 304 tiles split 4
+
+
+@pytest.mark.parametrize(
+    "n,k", [(96, 512), (40, 768)] if INTERPRET else [(3584, 3584), (40, 768), (1000, 1024)]
+)
+@pytest.mark.parametrize("pairs_out", [False, True])
+def test_normed_gemv_is_the_norm_of_the_gemv(n, k, pairs_out):
+    """`w4_half2_normed`: the residual add + RMSNorm of `w4_half2_gemv` in its own launch, against
+    `rms_norm` of the GEMV's output: the same residual bit for bit, the normalized row and its pairs within
+    one bf16 step (the sum of squares may be added in another order on a GPU), at one split and at K
+    splits (with an empty split), the 7b o projection's default launch on GPUs; twice per launch shape, so
+    the tail's counter must have been reset."""
+    from qwick.kernels.elementwise import rms_norm
+    from qwick.kernels.row_gemv import RowGemvConfig
+    from qwick.kernels.row_gemv_half2 import (
+        X_DIV,
+        normed_half2_config,
+        tile_words_for,
+        w4_half2_gemv,
+        w4_half2_normed,
+    )
+    from qwick.layers.linear import HalfPairs, NormAfter, PairedRows
+
+    dev = triton_device()
+    ws = gemv_workspace(dev)
+    act = torch.float16 if INTERPRET else torch.bfloat16
+    gen = torch.Generator().manual_seed(n + k)
+    qw = rtn.quantize(torch.randn(n, k, generator=gen) / k**0.5, group_size=128).to(dev)
+    b = torch.randn(n, generator=gen).to(dev, act)
+    norm_w = (torch.rand(n, generator=gen) + 0.5).to(dev, act)
+    quant = HalfPairs(X_DIV) if pairs_out else None
+    kw = k // 8
+    cfgs = [RowGemvConfig(64, tile_words_for(kw), 1, num_warps=8), RowGemvConfig(32, 16, 5, prefetch=True)]
+    if normed_half2_config(n, kw, ws.num_sms) is not None:
+        cfgs.append(None)
+    for cfg in cfgs:
+        for _ in range(2):
+            x = (torch.randn(1, k, generator=gen) * 2).to(dev, act)
+            residual = (torch.randn(1, n, generator=gen) * 4).to(dev, act)
+            want_res = residual.clone()
+            y = w4_half2_gemv(x, qw, b, ws, cfg or normed_half2_config(n, kw, ws.num_sms))
+            want = rms_norm(y, norm_w, 1e-6, residual=want_res, quant=quant)
+            got = w4_half2_normed(x, qw, b, ws, NormAfter(norm_w, 1e-6, residual, quant), cfg)
+            assert torch.equal(residual, want_res), cfg
+            if pairs_out:
+                assert isinstance(got, PairedRows)
+                got_pairs = got.pairs.view(torch.float16).float()
+                torch.testing.assert_close(
+                    got_pairs, want.pairs.view(torch.float16).float(), rtol=1e-2, atol=1e-3
+                )
+                got, want = got.x, want.x
+            torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+            if INTERPRET:
+                assert torch.equal(got, want), cfg
+    assert int(ws.counters.abs().sum()) == 0
+    with pytest.raises(ValueError, match="residual"):
+        w4_half2_normed(x, qw, b, ws, NormAfter(norm_w, 1e-6, residual[:, 1:]), cfgs[0])

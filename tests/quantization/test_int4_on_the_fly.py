@@ -382,3 +382,50 @@ def test_gated_decode_stays_off_the_cpu(monkeypatch):
         256, [128, 64], method=Int4Config().linear_method("model.layers.0.mlp.gate_up_proj", ["x"])
     )
     assert uneven.gated(torch.randn(1, 256).bfloat16(), None) is None
+
+
+@pytest.mark.gpu
+def test_normed_decode_gives_the_same_distribution(tmp_path, monkeypatch):
+    """`normed_decode` on: batch-1 residual add + RMSNorm after the o projection in its GEMV's launch
+    (`w4_half2_normed`). The sum of squares may be added in another order than `rms_norm`'s, so the check
+    is the decode steps' top log-probabilities (CUDA graphs on), within 0.05 of the separate launches',
+    while the tokens agree; and the normed kernel is what ran, for the o projection."""
+    from qwick.kernels import row_gemv_half2 as h
+
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    path = str(tmp_path / "m")
+    make_tiny_model("qwen2", path, **QUANTIZABLE_DIMS)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
+    calls = []
+    real = h.w4_half2_normed
+    monkeypatch.setattr(h, "w4_half2_normed", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
+    outs = []
+    for normed in (False, True):
+        monkeypatch.setattr(RtnInt4LinearMethod, "normed_decode", normed)
+        llm = LLM(path, quantization="int4", dtype="bfloat16", max_model_len=256, num_gpu_blocks_override=64)
+        outs.append(llm.generate([list(range(5, 40))], params, use_tqdm=False)[0].outputs[0])
+        del llm
+    hidden = QUANTIZABLE_DIMS["hidden_size"]
+    assert calls and set(calls) == {(hidden, hidden)}
+    for step, (a, b) in enumerate(zip(outs[0].token_ids, outs[1].token_ids, strict=True)):
+        if step > 0:  # steps after the first are decode steps
+            top_a, top_b = outs[0].logprobs[step], outs[1].logprobs[step]
+            for token in set(top_a) & set(top_b):
+                assert abs(top_a[token].logprob - top_b[token].logprob) < 0.05, (step, token)
+        if a != b:
+            break
+
+
+def test_normed_decode_stays_off_the_cpu(monkeypatch):
+    """`normed_decode` on: a CPU row is not normed in the GEMV's launch (the layer runs its matmul and the
+    norm apart, as before)."""
+    from qwick.layers.linear import NormAfter
+
+    monkeypatch.setattr(RtnInt4LinearMethod, "normed_decode", True)
+    method = Int4Config().linear_method("model.layers.0.self_attn.o_proj", ["x"])
+    layer = Linear(256, 256, method=method)
+    layer.weight.data.copy_(torch.randn(256, 256) * 0.05)
+    method.process_weights_after_loading(layer)
+    norm = NormAfter(torch.ones(256).bfloat16(), 1e-6, torch.randn(1, 256).bfloat16())
+    assert layer.normed(torch.randn(1, 256).bfloat16(), norm) is None
