@@ -30,7 +30,7 @@
 #                                            # activation pairs (`paired_input`, on): its GPU tests, batch 1
 #                                            # with it and without
 #   bash benchmarks/gpu_session.sh fused33   # int4 batch 1's two unrun fusions (SiLU-and-mul in the
-#                                            # gate/up GEMV, the post-attention norm in the o GEMV; both
+#                                            # gate/up GEMV, the norms in the o and down GEMVs; both
 #                                            # off): tests, greedy; fused33ab: batch 1 with each
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #   bash benchmarks/gpu_session.sh int4shapes  # int4 batch 1 with the two per-shape launches (o 64 rows x
@@ -837,9 +837,9 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     alternate b1_int4_rows32 b1_int4_rows64 "$ROWS64" $B1
     ;;
   fused33)  # the 33rd session's two unrun fusions for int4 batch 1 (written without a GPU, both off):
-    # SiLU-and-mul in the gate/up GEMV's epilogue (`gated_decode`) and the post-attention norm in the o
-    # GEMV's tail (`normed_decode`). Their GPU tests, the int4 greedy check with both on; then
-    # `fused33ab`: batch 1 with neither, each and both, round-robin
+    # SiLU-and-mul in the gate/up GEMV's epilogue (`gated_decode`) and the norms after the o and down
+    # GEMVs in their tails (`normed_decode`). Their GPU tests, the int4 greedy check with both on; then
+    # `fused33ab`: batch 1 with neither, each, the o norm alone and all, round-robin
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
       tests/quantization/test_int4_on_the_fly.py tests/kernels/test_elementwise.py 2>&1 | tail -2
     python -c "from qwick.quantization.int4 import PackedLinearMethod as M
@@ -850,12 +850,17 @@ runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&
   fused33ab)
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     for i in ${REPS_LIST:-1 2}; do
-      for v in none gated normed both; do
-        G=False; N=False
-        [ $v = gated ] || [ $v = both ] && G=True
-        [ $v = normed ] || [ $v = both ] && N=True
+      for v in none gated normed normed_o all; do  # normed_o: the o projection's norm only, not down's
+        G=False; N=False; O=False
+        [ $v = gated ] || [ $v = all ] && G=True
+        [ $v = normed ] || [ $v = all ] && N=True
+        [ $v = normed_o ] && N=True && O=True
         run b1_int4_${v}_$i python -c "import sys; from qwick.quantization.int4 import PackedLinearMethod as M
+import qwick.kernels.row_gemv_half2 as h
 M.gated_decode = $G; M.normed_decode = $N
+if $O:
+    c = h.normed_half2_config
+    h.normed_half2_config = lambda n, kw, sms: None if 8 * kw > 8192 else c(n, kw, sms)
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --output-json "$OUT/b1_int4_${v}_$i.json"
       done
     done

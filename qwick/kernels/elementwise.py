@@ -139,8 +139,8 @@ def rms_norm_tail(
     """The end of a GEMV launch whose one-row output y [N] feeds a residual add + RMSNorm: every program
     arrives at `counter_ptr` once its share of y is stored, and the last to arrive runs `rms_norm_row` on
     the whole of y (which the others' releases made visible), then resets the counter. One launch fewer
-    than the GEMV and `rms_norm` apart; the one-block row needs a program of enough warps (16 values of
-    BLOCK a thread or fewer keep its registers within the GEMV's)."""
+    than the GEMV and `rms_norm` apart. The row is one block: the program needs the threads for it (at
+    qwen2.5-7b's 4096, 2 warps hold 64 values a thread within the int4 down GEMV's registers)."""
     tl.debug_barrier()  # every thread's part of y is stored before the release below
     done = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) * tl.num_programs(1) - 1:

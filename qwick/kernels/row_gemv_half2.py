@@ -385,11 +385,12 @@ def w4_half2_gemv(
 
 
 def normed_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig | None:
-    """The launch of `w4_half2_normed`: `default_half2_config`'s, when its programs have the warps for the
-    norm's one-block row (`rms_norm_tail`: at most 16 values a thread; the 7b o projection's 8 warps, not
-    the down projection's 2); None otherwise."""
+    """The launch of `w4_half2_normed`: `default_half2_config`'s, when its programs have the threads for
+    the norm's one-block row (`rms_norm_tail`): at most 64 values a thread (the 7b o projection's 8 warps
+    hold 16, the down projection's 2 warps 64; compiled for sm_90 neither needs more registers than the
+    plain GEMV, `benchmarks/ptx_counts.py half2`); None otherwise."""
     cfg = default_half2_config(n, kw, num_sms)
-    return cfg if cfg.num_warps * 32 * 16 >= triton.next_power_of_2(n) else None
+    return cfg if cfg.num_warps * 32 * 64 >= triton.next_power_of_2(n) else None
 
 
 def w4_half2_normed(

@@ -122,7 +122,7 @@ class LinearMethod:
         return self.apply(layer, x.x)
 
     def apply_normed(
-        self, layer: Linear, x: torch.Tensor, norm: NormAfter
+        self, layer: Linear, x: torch.Tensor | QuantizedRows | PairedRows, norm: NormAfter
     ) -> torch.Tensor | QuantizedRows | PairedRows | None:
         """`norm` applied to this layer's output in the matmul's own launch (`norm.residual` updated in
         place), or None when this method has no such kernel for x and the caller runs the two apart."""
@@ -227,7 +227,9 @@ class Linear(nn.Module):
             return None
         return self.method.apply_gated(self, x, quant)
 
-    def normed(self, x: torch.Tensor, norm: NormAfter) -> torch.Tensor | QuantizedRows | PairedRows | None:
+    def normed(
+        self, x: torch.Tensor | QuantizedRows | PairedRows, norm: NormAfter
+    ) -> torch.Tensor | QuantizedRows | PairedRows | None:
         """The RMSNorm `norm` of this layer's output (+ its residual, updated in place) in one launch with
         the matmul, when the method can (`LinearMethod.apply_normed`); None otherwise."""
         return self.method.apply_normed(self, x, norm)

@@ -150,12 +150,24 @@ class DecoderMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
-        rows = x.x if isinstance(x, (QuantizedRows, PairedRows)) else x  # h's rows, dtype and device
-        quant = self.down_proj.input_quant(rows)
+        return self.down_proj(self.activation(x))
+
+    def activation(
+        self, x: torch.Tensor | QuantizedRows | PairedRows
+    ) -> torch.Tensor | QuantizedRows | PairedRows:
+        """silu(gate) * up, the down projection's input (with the codes or pairs it asks for): in the
+        gate/up projection's launch where its method can, else SiLU-and-mul apart."""
+        quant = self.down_proj.input_quant(_rows(x))
         act = self.gate_up_proj.gated(x, quant)
         if act is None:
             act = self.act(self.gate_up_proj(x), quant=quant)
-        return self.down_proj(act)
+        return act
+
+
+def _rows(x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
+    """The values of an input that may carry its codes or pairs (`input_quant` reads their rows, dtype and
+    device)."""
+    return x.x if isinstance(x, (QuantizedRows, PairedRows)) else x
 
 
 class DecoderLayer(nn.Module):
@@ -175,29 +187,45 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         rope: RopeStep,
-        x: torch.Tensor,
+        x: torch.Tensor | QuantizedRows | PairedRows,
         residual: torch.Tensor | None,
         output_rows: OutputRows | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        normed: bool = False,
+        then: RMSNorm | None = None,
+        then_input: Linear | None = None,
+    ) -> tuple[torch.Tensor | QuantizedRows | PairedRows, torch.Tensor, bool]:
         """One layer over the step's tokens; with `output_rows`, only those tokens leave it (all of them
-        still fill the KV cache)."""
+        still fill the KV cache). Returns (out, residual, normed).
+
+        `normed`: x is the input norm's output already (the layer before ran it, see below). `then`: the
+        RMSNorm that follows this layer (the next layer's input norm or the model's final one), whose
+        output `then_input` reads: where the down projection's method runs it in its own launch, the
+        layer returns that norm's output and normed=True, else its own output and normed=False."""
         # The norms write the codes of the projections that quantize their input per token (W8A8 on GPUs).
-        quant = self.self_attn.qkv_proj.input_quant(x)
-        if residual is None:
+        if normed:
+            h = x
+        elif residual is None:
             residual = x
-            h = self.input_layernorm(x, quant=quant)
+            h = self.input_layernorm(x, quant=self.self_attn.qkv_proj.input_quant(x))
         else:
-            h, residual = self.input_layernorm(x, residual, quant=quant)
+            h, residual = self.input_layernorm(x, residual, quant=self.self_attn.qkv_proj.input_quant(x))
         a = self.self_attn.attend(rope, h, output_rows)
         if output_rows is not None:
             residual = residual[output_rows.index]
         quant = self.mlp.gate_up_proj.input_quant(a)  # (a has the rows, dtype and device of its input)
-        # The o projection with the norm after it in its own launch where its method can, else apart.
+        # The o and down projections with the norm after each in their own launch where their method
+        # can (`Linear.normed`), else apart.
         post = self.post_attention_layernorm
         h = self.self_attn.o_proj.normed(a, NormAfter(post.weight, post.eps, residual, quant))
         if h is None:
             h, residual = post(self.self_attn.o_proj(a), residual, quant=quant)
-        return self.mlp(h), residual
+        act = self.mlp.activation(h)
+        if then is not None:
+            quant = then_input.input_quant(_rows(h)) if then_input is not None else None
+            out = self.mlp.down_proj.normed(act, NormAfter(then.weight, then.eps, residual, quant))
+            if out is not None:
+                return out, residual, True
+        return self.mlp.down_proj(act), residual, False
 
 
 class DecoderModel(nn.Module):
@@ -229,10 +257,17 @@ class DecoderModel(nn.Module):
         x = self.embed_tokens(input_ids)
         rope = self.rotary(positions, x.dtype)
         residual = None
+        normed = False
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x, residual = layer(rope, x, residual, output_rows if i == last else None)
-        x, _ = self.norm(x, residual)
+            if i < last:
+                then, then_input = self.layers[i + 1].input_layernorm, self.layers[i + 1].self_attn.qkv_proj
+            else:
+                then, then_input = self.norm, None
+            rows = output_rows if i == last else None
+            x, residual, normed = layer(rope, x, residual, rows, normed, then, then_input)
+        if not normed:
+            x, _ = self.norm(x, residual)
         return x
 
 

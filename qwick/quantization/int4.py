@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwick.layers.linear import HalfPairs, Linear, LinearMethod, NormAfter, PairedRows
+from qwick.layers.linear import HalfPairs, Linear, LinearMethod, NormAfter, PairedRows, RowQuant
 from qwick.quantization.base import QuantizationConfig
 from qwick.quantization.formats import awq as awq_codec
 from qwick.quantization.formats import cpu_int4, rtn
@@ -122,9 +122,10 @@ class PackedLinearMethod(LinearMethod):
     # projection's pairs), where the launch has one split (the 7b and 14b gate/up): one launch fewer per
     # layer. Off until timed on a GPU (written in the 33rd session, which had none).
     gated_decode = False
-    # Batch-1 residual add + RMSNorm after the output projection in its f16x2 GEMV's launch
-    # (`w4_half2_normed`: the launch's last program normalizes the row), where the launch has the warps for
-    # it (the 7b o projection): one launch fewer per layer. Off until timed on a GPU (33rd session).
+    # Batch-1 residual add + RMSNorm after the o and down projections in their f16x2 GEMV's launch
+    # (`w4_half2_normed`: the launch's last program normalizes the row; after down it is the next layer's
+    # input norm, or the model's final one): two launches fewer per layer. Off until timed on a GPU (33rd
+    # session).
     normed_decode = False
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
@@ -207,45 +208,59 @@ class PackedLinearMethod(LinearMethod):
             return self.apply(layer, x.x)
         return w4_half2_gemv(x.x, self.quantized_weight(layer), layer.bias, self.workspace, pairs=x.pairs)
 
-    def apply_normed(
-        self, layer: Linear, x: torch.Tensor, norm: NormAfter
-    ) -> torch.Tensor | PairedRows | None:
-        """One row with `normed_decode` on: the f16x2 GEMV with the norm in its launch's tail, when its
-        launch has the warps for it (`normed_half2_config`) and the next layer wants pairs or nothing."""
-        if not (self.normed_decode and self.decode_half2 and isinstance(x, torch.Tensor) and x.is_cuda):
+    def _fused_row(
+        self,
+        layer: Linear,
+        x: torch.Tensor | PairedRows,
+        on: bool,
+        out: HalfPairs | RowQuant | None,
+        config: str,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, QuantizedWeight, object] | None:
+        """For the fused one-row launches (`apply_normed`, `apply_gated`) when switched `on`: x's row, its
+        pairs (or None), the weight and the launch that `row_gemv_half2.<config>(n, kw, num_sms)` gives;
+        None when the f16x2 GEMV does not take x, the launch has no such shape, or the next layer wants
+        codes (`out`). Triton is imported only for CUDA rows."""
+        rows = x.x if isinstance(x, PairedRows) else x
+        if not (on and self.decode_half2 and isinstance(rows, torch.Tensor) and rows.is_cuda):
             return None
-        if x.dim() != 2 or x.shape[0] != 1 or not (norm.quant is None or isinstance(norm.quant, HalfPairs)):
+        if rows.dim() != 2 or rows.shape[0] != 1 or not (out is None or isinstance(out, HalfPairs)):
             return None
-        from qwick.kernels.row_gemv_half2 import normed_half2_config, w4_half2_normed, w4_half2_supported
+        from qwick.kernels import row_gemv_half2
 
         weight = self.quantized_weight(layer)
-        res = norm.residual
-        if not w4_half2_supported(weight, x) or res.dtype != x.dtype or not res.is_contiguous():
+        if not row_gemv_half2.w4_half2_supported(weight, rows):
             return None
-        cfg = normed_half2_config(weight.shape[0], weight.shape[1] // 8, self.workspace.num_sms)
+        cfg = getattr(row_gemv_half2, config)(weight.shape[0], weight.shape[1] // 8, self.workspace.num_sms)
         if cfg is None:
             return None
-        return w4_half2_normed(x, weight, layer.bias, self.workspace, norm, cfg)
+        return rows, x.pairs if isinstance(x, PairedRows) else None, weight, cfg
+
+    def apply_normed(
+        self, layer: Linear, x: torch.Tensor | PairedRows, norm: NormAfter
+    ) -> torch.Tensor | PairedRows | None:
+        """One row with `normed_decode` on: the f16x2 GEMV (reading x's pairs if it has them) with the norm
+        in its launch's tail, when its launch fits the norm (`normed_half2_config`) and the next layer
+        wants pairs or nothing."""
+        fused = self._fused_row(layer, x, self.normed_decode, norm.quant, "normed_half2_config")
+        res = norm.residual
+        if fused is None or res.dtype != fused[0].dtype or not res.is_contiguous():
+            return None
+        from qwick.kernels.row_gemv_half2 import w4_half2_normed
+
+        rows, pairs, weight, cfg = fused
+        return w4_half2_normed(rows, weight, layer.bias, self.workspace, norm, cfg, pairs=pairs)
 
     def apply_gated(
         self, layer: Linear, x: torch.Tensor | PairedRows, quant: HalfPairs | None
     ) -> torch.Tensor | PairedRows | None:
         """One row with `gated_decode` on: the f16x2 GEMV with SiLU-and-mul in its epilogue, when its
         launch has one split (`gated_half2_config`) and the down projection wants the pairs or nothing."""
-        rows = x.x if isinstance(x, PairedRows) else x
-        if not (self.gated_decode and self.decode_half2 and isinstance(rows, torch.Tensor) and rows.is_cuda):
+        fused = self._fused_row(layer, x, self.gated_decode, quant, "gated_half2_config")
+        if fused is None:
             return None
-        if rows.dim() != 2 or rows.shape[0] != 1 or not (quant is None or isinstance(quant, HalfPairs)):
-            return None
-        from qwick.kernels.row_gemv_half2 import gated_half2_config, w4_half2_gated, w4_half2_supported
+        from qwick.kernels.row_gemv_half2 import w4_half2_gated
 
-        weight = self.quantized_weight(layer)
-        if not w4_half2_supported(weight, rows):
-            return None
-        cfg = gated_half2_config(weight.shape[0], weight.shape[1] // 8, self.workspace.num_sms)
-        if cfg is None:
-            return None
-        pairs = x.pairs if isinstance(x, PairedRows) else None
+        rows, pairs, weight, cfg = fused
         return w4_half2_gated(rows, weight, layer.bias, self.workspace, cfg, pairs=pairs, out_pairs=quant)
 
     def _apply_cuda(self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:

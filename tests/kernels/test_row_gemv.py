@@ -251,15 +251,15 @@ def test_gated_launch_only_with_one_split():
 
 
 @pytest.mark.parametrize(
-    "n,k", [(96, 512), (40, 768)] if INTERPRET else [(3584, 3584), (40, 768), (1000, 1024)]
+    "n,k", [(96, 512), (40, 768)] if INTERPRET else [(3584, 3584), (3584, 18944), (40, 768), (1000, 1024)]
 )
 @pytest.mark.parametrize("pairs_out", [False, True])
 def test_normed_gemv_is_the_norm_of_the_gemv(n, k, pairs_out):
     """`w4_half2_normed`: the residual add + RMSNorm of `w4_half2_gemv` in its own launch, against
     `rms_norm` of the GEMV's output: the same residual bit for bit, the normalized row and its pairs within
     one bf16 step (the sum of squares may be added in another order on a GPU), at one split and at K
-    splits (with an empty split), the 7b o projection's default launch on GPUs; twice per launch shape, so
-    the tail's counter must have been reset."""
+    splits (with an empty split), the 7b o and down projections' default launches on GPUs (8 and 2
+    warps); twice per launch shape, so the tail's counter must have been reset."""
     from qwick.kernels.elementwise import rms_norm
     from qwick.kernels.row_gemv import RowGemvConfig
     from qwick.kernels.row_gemv_half2 import (

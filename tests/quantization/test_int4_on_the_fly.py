@@ -386,10 +386,10 @@ def test_gated_decode_stays_off_the_cpu(monkeypatch):
 
 @pytest.mark.gpu
 def test_normed_decode_gives_the_same_distribution(tmp_path, monkeypatch):
-    """`normed_decode` on: batch-1 residual add + RMSNorm after the o projection in its GEMV's launch
-    (`w4_half2_normed`). The sum of squares may be added in another order than `rms_norm`'s, so the check
-    is the decode steps' top log-probabilities (CUDA graphs on), within 0.05 of the separate launches',
-    while the tokens agree; and the normed kernel is what ran, for the o projection."""
+    """`normed_decode` on: batch-1 residual add + RMSNorm after the o and down projections in their
+    GEMV's launch (`w4_half2_normed`). The sum of squares may be added in another order than
+    `rms_norm`'s, so the check is the decode steps' top log-probabilities (CUDA graphs on), within 0.05 of
+    the separate launches', while the tokens agree; and the normed kernel is what ran, for o and down."""
     from qwick.kernels import row_gemv_half2 as h
 
     if not torch.cuda.is_available():
@@ -406,8 +406,8 @@ def test_normed_decode_gives_the_same_distribution(tmp_path, monkeypatch):
         llm = LLM(path, quantization="int4", dtype="bfloat16", max_model_len=256, num_gpu_blocks_override=64)
         outs.append(llm.generate([list(range(5, 40))], params, use_tqdm=False)[0].outputs[0])
         del llm
-    hidden = QUANTIZABLE_DIMS["hidden_size"]
-    assert calls and set(calls) == {(hidden, hidden)}
+    hidden, inter = QUANTIZABLE_DIMS["hidden_size"], QUANTIZABLE_DIMS["intermediate_size"]
+    assert calls and set(calls) == {(hidden, hidden), (hidden, inter)}  # o and down
     for step, (a, b) in enumerate(zip(outs[0].token_ids, outs[1].token_ids, strict=True)):
         if step > 0:  # steps after the first are decode steps
             top_a, top_b = outs[0].logprobs[step], outs[1].logprobs[step]

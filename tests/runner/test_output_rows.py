@@ -62,8 +62,9 @@ def test_last_layer_mlp_sees_only_the_sampling_rows(tiny_qwen2_dir):
     runner = llm.llm_engine.core.runner
     layers = runner.model.model.layers
     seen: dict[str, list[int]] = {"first": [], "last": []}
-    layers[0].mlp.register_forward_hook(lambda m, args, out: seen["first"].append(out.shape[0]))
-    layers[-1].mlp.register_forward_hook(lambda m, args, out: seen["last"].append(out.shape[0]))
+    # (the MLP's last matmul: the layer runs the MLP's parts, so that a method may fuse the norm after it)
+    layers[0].mlp.down_proj.register_forward_hook(lambda m, args, out: seen["first"].append(out.shape[0]))
+    layers[-1].mlp.down_proj.register_forward_hook(lambda m, args, out: seen["last"].append(out.shape[0]))
     llm.generate(PROMPTS, SamplingParams(max_tokens=1, ignore_eos=True), use_tqdm=False)
     # One prefill step of all four prompts: every token through the first layer, one per prompt leaves
     # the last.
