@@ -26,6 +26,11 @@ needs no preparatory launch. The 1/64 (`X_DIV`) keeps 32 products of up to 15 |x
 for |x| up to ~8,700; an fp16 sum of 32 products carries ~1e-3 relative error (measured: the same error
 against float64 as the fp32 kernel, 1.7e-3, dominated by rounding the output to bf16).
 
+Two variants fold the next small kernel into the launch (33rd session, off in the engine until timed):
+`w4_half2_gated` writes silu(gate) * up of the packed gate/up projection from each tile's epilogue (a tile
+holds gate rows and the matching up rows), and `w4_half2_normed` ends with the residual add + RMSNorm of
+the output, run by the launch's last program to finish (`elementwise.rms_norm_tail`).
+
 Under Triton's interpreter, which runs no PTX, the kernel computes the same products in fp32 (`EMULATE`).
 """
 

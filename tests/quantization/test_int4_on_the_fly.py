@@ -323,19 +323,25 @@ def test_paired_input_is_asked_only_for_one_cuda_row(monkeypatch):
 def test_paired_input_gives_the_same_tokens(tmp_path, monkeypatch):
     """Batch-1 int4 decode with the norms and SiLU writing the GEMV's pairs (`paired_input`) against the
     GEMV pairing x itself: the same activations bit for bit, so the same greedy tokens (CUDA graphs on)."""
+    off, on = _decode_with_and_without(tmp_path, monkeypatch, "paired_input")
+    assert off.token_ids == on.token_ids
+
+
+def _decode_with_and_without(tmp_path, monkeypatch, switch: str, logprobs: int | None = None) -> list:
+    """A tiny bf16 model's int4 greedy output for one prompt (24 tokens, CUDA graphs on) with the method's
+    `switch` off, then on."""
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     path = str(tmp_path / "m")
     make_tiny_model("qwen2", path, **QUANTIZABLE_DIMS)
-    prompt = list(range(5, 40))
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=logprobs)
     outs = []
-    for paired in (False, True):
-        monkeypatch.setattr(RtnInt4LinearMethod, "paired_input", paired)
+    for value in (False, True):
+        monkeypatch.setattr(RtnInt4LinearMethod, switch, value)
         llm = LLM(path, quantization="int4", dtype="bfloat16", max_model_len=256, num_gpu_blocks_override=64)
-        outs.append(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+        outs.append(llm.generate([list(range(5, 40))], params, use_tqdm=False)[0].outputs[0])
         del llm
-    assert outs[0] == outs[1]
+    return outs
 
 
 @pytest.mark.gpu
@@ -345,25 +351,14 @@ def test_gated_decode_gives_the_same_tokens(tmp_path, monkeypatch):
     separate launch, so the same greedy tokens (CUDA graphs on); and the gated kernel is what ran."""
     from qwick.kernels import row_gemv_half2 as h
 
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test run without a GPU")
-    path = str(tmp_path / "m")
-    make_tiny_model("qwen2", path, **QUANTIZABLE_DIMS)
-    prompt = list(range(5, 40))
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     calls = []
     real = h.w4_half2_gated
     monkeypatch.setattr(h, "w4_half2_gated", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
     monkeypatch.setattr(
         h, "gated_half2_config", lambda n, kw, sms: h.RowGemvConfig(32, h.tile_words_for(kw), 1)
     )
-    outs = []
-    for gated in (False, True):
-        monkeypatch.setattr(RtnInt4LinearMethod, "gated_decode", gated)
-        llm = LLM(path, quantization="int4", dtype="bfloat16", max_model_len=256, num_gpu_blocks_override=64)
-        outs.append(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
-        del llm
-    assert outs[0] == outs[1]
+    off, on = _decode_with_and_without(tmp_path, monkeypatch, "gated_decode")
+    assert off.token_ids == on.token_ids
     assert calls and set(calls) == {
         (2 * QUANTIZABLE_DIMS["intermediate_size"], QUANTIZABLE_DIMS["hidden_size"])
     }
@@ -392,20 +387,10 @@ def test_normed_decode_gives_the_same_distribution(tmp_path, monkeypatch):
     the separate launches', while the tokens agree; and the normed kernel is what ran, for o and down."""
     from qwick.kernels import row_gemv_half2 as h
 
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test run without a GPU")
-    path = str(tmp_path / "m")
-    make_tiny_model("qwen2", path, **QUANTIZABLE_DIMS)
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
     calls = []
     real = h.w4_half2_normed
     monkeypatch.setattr(h, "w4_half2_normed", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
-    outs = []
-    for normed in (False, True):
-        monkeypatch.setattr(RtnInt4LinearMethod, "normed_decode", normed)
-        llm = LLM(path, quantization="int4", dtype="bfloat16", max_model_len=256, num_gpu_blocks_override=64)
-        outs.append(llm.generate([list(range(5, 40))], params, use_tqdm=False)[0].outputs[0])
-        del llm
+    outs = _decode_with_and_without(tmp_path, monkeypatch, "normed_decode", logprobs=3)
     hidden, inter = QUANTIZABLE_DIMS["hidden_size"], QUANTIZABLE_DIMS["intermediate_size"]
     assert calls and set(calls) == {(hidden, hidden), (hidden, inter)}  # o and down
     for step, (a, b) in enumerate(zip(outs[0].token_ids, outs[1].token_ids, strict=True)):
