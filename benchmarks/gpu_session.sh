@@ -31,7 +31,8 @@
 #                                            # with it and without
 #   bash benchmarks/gpu_session.sh fused33   # int4 batch 1's two unrun fusions (SiLU-and-mul in the
 #                                            # gate/up GEMV, the norms in the o and down GEMVs; both
-#                                            # off): tests, greedy; fused33ab: batch 1 with each
+#                                            # off): tests, greedy; fused33ab: batch 1 with each;
+#                                            # fused33bf16: bf16 batch 1 with the gated gate/up GEMM
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #   bash benchmarks/gpu_session.sh int4shapes  # int4 batch 1 with the two per-shape launches (o 64 rows x
 #                                            # 8 warps, down 2 warps with the prefetch; the default since
@@ -840,8 +841,9 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     # SiLU-and-mul in the gate/up GEMV's epilogue (`gated_decode`) and the norms after the o and down
     # GEMVs in their tails (`normed_decode`). Their GPU tests, the int4 greedy check with both on; then
     # `fused33ab`: batch 1 with neither, each, the o norm alone and all, round-robin
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
-      tests/quantization/test_int4_on_the_fly.py tests/kernels/test_elementwise.py 2>&1 | tail -2
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py tests/kernels/test_gemv.py \
+      tests/quantization/test_int4_on_the_fly.py tests/kernels/test_elementwise.py \
+      tests/models/test_fused_launches.py 2>&1 | tail -2
     python -c "from qwick.quantization.int4 import PackedLinearMethod as M
 M.gated_decode = M.normed_decode = True
 import runpy, sys; sys.argv = ['greedy_vs_transformers.py', 'int4']
@@ -865,11 +867,17 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --outp
       done
     done
     ;;
+  fused33bf16)  # bf16 batch 1 with SiLU-and-mul in the gate/up skinny GEMM (`CudaLinearMethod.gated_decode`,
+    # off) and without, alternating
+    GATED="import sys; from qwick.layers.linear import CudaLinearMethod as M; M.gated_decode = True
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    alternate b1_bf16_plain b1_bf16_gated "$GATED" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33bf16|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

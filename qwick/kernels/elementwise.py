@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from qwick.kernels.half2 import _EMULATE
+from qwick.kernels.swiglu import silu_times
 from qwick.kernels.w8a8 import codes_of, inv_qmax
 from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
 
@@ -397,14 +398,6 @@ def rotary_in_place(
         H_PAD=triton.next_power_of_2(max(num_heads, k.shape[1])),
         num_warps=4,
     )
-
-
-@triton.jit
-def silu_times(gate, up):
-    """silu(gate) * up of values in the model dtype, rounded where PyTorch rounds, in gate's dtype."""
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # F.silu rounds to the dtype
-    return (act * up.to(tl.float32)).to(gate.dtype)
 
 
 @triton.jit

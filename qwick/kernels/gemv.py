@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from qwick.kernels.swiglu import silu_times
+
 MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
 
 
@@ -50,13 +52,22 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    GATED: tl.constexpr = False,
 ):
+    """GATED (one split): W is a [gate | up] weight of N rows, each tile's first half gate rows and its
+    second half the up rows of the same outputs, and y [M, N / 2] is silu(gate) * up (`_gated_store`)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GATED:
+        r = tl.arange(0, BLOCK_N)
+        outs = pid_n * (BLOCK_N // 2) + r % (BLOCK_N // 2)  # the output each row feeds
+        rn = outs + (r // (BLOCK_N // 2)) * (N // 2)
+        n_ok = outs < N // 2
+    else:
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < N
     rk = tl.arange(0, BLOCK_K)
-    n_ok = rn < N
     m_ok = rm < M
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_start = pid_k * k_per_split
@@ -81,25 +92,56 @@ def _gemv_kernel(
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
     if X_CODES and X_GROUP == 0:  # per-row scales of the activation codes
         acc *= tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)[:, None]
-    split_k_epilogue(
-        acc,
-        b_ptr,
-        y_ptr,
-        ws_ptr,
-        counter_ptr,
-        rm,
-        rn,
-        m_ok,
-        n_ok,
-        pid_n,
-        pid_k,
-        N,
-        stride_ym,
-        HAS_BIAS,
-        SPLIT_K,
-        BLOCK_M,
-        BLOCK_N,
-    )
+    if GATED:
+        _gated_store(acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, pid_n, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+    else:
+        split_k_epilogue(
+            acc,
+            b_ptr,
+            y_ptr,
+            ws_ptr,
+            counter_ptr,
+            rm,
+            rn,
+            m_ok,
+            n_ok,
+            pid_n,
+            pid_k,
+            N,
+            stride_ym,
+            HAS_BIAS,
+            SPLIT_K,
+            BLOCK_M,
+            BLOCK_N,
+        )
+
+
+@triton.jit
+def _gated_store(
+    acc,
+    b_ptr,
+    y_ptr,
+    rm,
+    rn,
+    m_ok,
+    n_ok,
+    pid_n,
+    N,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """A GATED whole-K tile: its gate and up sums (+ bias) rounded to y's dtype, as the plain epilogue
+    stores them, then silu(gate) * up of its BLOCK_N / 2 outputs as `silu_and_mul` computes it."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(y_ptr.dtype.element_ty)
+    gate, up = tl.split(tl.permute(tl.reshape(y, (BLOCK_M, 2, HALF)), (0, 2, 1)))  # columns r, HALF + r
+    outs = pid_n * HALF + tl.arange(0, HALF)
+    mask = m_ok[:, None] & (outs < N // 2)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + outs[None, :], silu_times(gate, up), mask=mask)
 
 
 @triton.jit
@@ -245,6 +287,14 @@ def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2, codes
     return GemvConfig(64, 256, 1, num_stages=4)
 
 
+def gated_config(ws: GemvWorkspace, m: int, n: int, k: int) -> GemvConfig | None:
+    """The launch of a gated bf16/fp16 GEMV (`gemv(..., gated=True)`) on a [gate | up] weight of n rows:
+    the plain one (the same grid: each tile half gate rows, half up rows), when it has one split (every
+    gate/up projection of at least 16,384 rows); None otherwise."""
+    cfg = ws.config_for(m, n, k)
+    return cfg if cfg.split_k == 1 else None
+
+
 def split_k_for(tiles: int, k_tiles: int, num_sms: int) -> int:
     """K splits for a skinny matmul of `tiles` output tiles over `k_tiles` tiles of K: double until about
     four programs per SM are streaming, as long as every split keeps at least two tiles of K."""
@@ -318,8 +368,13 @@ def gemv(
     x_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     x_group: int | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
     """`x @ weight.T + bias` for x [M <= 16, K] (unit stride along K), weight [N, K] contiguous.
+
+    `gated`: weight is a [gate | up] pair of N / 2 rows each (the packed gate/up projection), and the
+    result [M, N / 2] is silu(gate) * up, bit for bit `silu_and_mul` of the plain result, from the
+    GEMV's own epilogue (one split, tiles of whole K: `gated_config`).
 
     `weight_scale` (fp32, one per output channel): `weight` holds fp8 / int8 codes, and the result is
     `(x @ codes.T) * weight_scale.T + bias`. This is W8A16: at decode sizes reading the 8-bit weights is
@@ -341,10 +396,12 @@ def gemv(
         assert x_scale.dtype == torch.float32 and (groups == 1 or x_scale.stride(1) == 1)
         assert out_dtype is not None, "W8A8 needs the output dtype"
     assert weight_scale is None or weight_scale.numel() == n
-    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    y = torch.empty((m, n // 2 if gated else n), dtype=out_dtype, device=x.device)
     if m == 0:
         return y
     cfg = config or ws.config_for(m, n, k, weight.element_size(), x_scale is not None)
+    if gated and (cfg.split_k != 1 or cfg.block_n % 2 or n % 2):
+        raise ValueError(f"a gated GEMV needs one split and an even [gate | up] weight: {cfg}, N={n}")
     if x_group is not None and x_group % cfg.block_k:
         raise ValueError(f"activation scale groups of {x_group} columns need tiles that divide them: {cfg}")
     tiles = triton.cdiv(n, cfg.block_n)
@@ -376,6 +433,7 @@ def gemv(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=k % k_per_split == 0 and k_per_split % cfg.block_k == 0,
+        GATED=gated,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

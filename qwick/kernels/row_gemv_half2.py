@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.elementwise import rms_norm_tail, silu_times, store_half_pairs
+from qwick.kernels.elementwise import rms_norm_tail, store_half_pairs
 from qwick.kernels.gemv import GemvWorkspace
 from qwick.kernels.half2 import EMULATE, split4, sum_halves_asm
 from qwick.kernels.row_gemv import (
@@ -52,6 +52,7 @@ from qwick.kernels.row_gemv import (
     w4_row_supported,
     weight_args,
 )
+from qwick.kernels.swiglu import silu_times
 from qwick.layers.linear import HalfPairs, NormAfter, PairedRows
 from qwick.quantization.formats.layout import QuantizedWeight
 

@@ -166,11 +166,17 @@ class CudaLinearMethod(LinearMethod):
     IEEE products the correctness tests compare against.
     """
 
+    # SiLU-and-mul in the packed gate/up projection's skinny GEMM at 1-16 rows (`gemv(..., gated=True)`:
+    # each tile holds gate rows and the matching up rows): one launch fewer per layer. Off until timed on
+    # a GPU (written in the 33rd session, which had none).
+    gated_decode = False
+
     def __init__(self, device: torch.device) -> None:
         from qwick.kernels import gemv  # Triton: imported only on CUDA machines, once
 
         self.workspace = gemv.shared_workspace(device)
         self._gemv = gemv.gemv
+        self._gated_config = gemv.gated_config
         self._max_m = gemv.MAX_M
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -179,6 +185,20 @@ class CudaLinearMethod(LinearMethod):
                 x = x.contiguous()
             return self._gemv(x, weight, bias, self.workspace)
         return F.linear(x, weight, bias)
+
+    def apply_gated(
+        self, layer: Linear, x: torch.Tensor | QuantizedRows | PairedRows, quant: RowQuant | HalfPairs | None
+    ) -> torch.Tensor | None:
+        """With `gated_decode` on, decode-sized rows whose down projection wants plain values: the skinny
+        GEMM with SiLU-and-mul in its epilogue, where its launch has one split (`gemv.gated_config`)."""
+        if not (self.gated_decode and isinstance(x, torch.Tensor) and quant is None and x.dim() == 2):
+            return None
+        if not (0 < x.shape[0] <= self._max_m and x.dtype in (torch.bfloat16, torch.float16)):
+            return None
+        n, k = layer.weight.shape
+        if layer.weight.dtype != x.dtype or self._gated_config(self.workspace, x.shape[0], n, k) is None:
+            return None
+        return self._gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, gated=True)
 
 
 def select_linear_method(device: torch.device, dtype: torch.dtype) -> LinearMethod:

@@ -50,3 +50,31 @@ def test_gemv_matches_float64(n, k, m, bias):
             assert out.shape == (m, n) and not out.isnan().any()
             assert _rel_err(out, ref) < 1e-2, (cfg, _rel_err(out, ref))
     assert int(ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("inter,k", [(48, 512), (40, 1100)] if INTERPRET else [(18944, 3584), (4864, 896)])
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_gated_gemv_is_silu_and_mul_of_the_gemv(inter, k, m):
+    """`gemv(..., gated=True)` on a [gate | up] weight: bit for bit `silu_and_mul` of the plain GEMV at the
+    same launch shape, with a bias, at 1-16 rows, tiles of 16-64 rows, a K that is not a multiple of the
+    tile, an intermediate size that is not a multiple of the tile's half (40), and the 7b and 0.5b gate/up
+    projections at their default launches on GPUs."""
+    from qwick.kernels.elementwise import silu_and_mul
+    from qwick.kernels.gemv import GemvConfig, gated_config, gemv
+
+    dev = triton_device()
+    dtype = torch.float16 if INTERPRET else torch.bfloat16
+    ws = gemv_workspace(dev)
+    n = 2 * inter
+    w = torch.randn(n, k, device=dev, dtype=dtype) / k**0.5
+    b = torch.randn(n, device=dev, dtype=dtype)
+    cfgs = [GemvConfig(32, 128, 1, num_stages=3), GemvConfig(16, 256, 1), GemvConfig(64, 128, 1)]
+    if gated_config(ws, m, n, k) is not None:
+        cfgs.append(gated_config(ws, m, n, k))
+    for cfg in cfgs:
+        x = torch.randn(m, k, device=dev, dtype=dtype)
+        want = silu_and_mul(gemv(x, w, b, ws, cfg))
+        got = gemv(x, w, b, ws, cfg, gated=True)
+        assert got.shape == (m, inter) and torch.equal(got, want), cfg
+    with pytest.raises(ValueError, match="one split"):
+        gemv(x, w, b, ws, GemvConfig(32, 128, 2), gated=True)

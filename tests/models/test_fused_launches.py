@@ -92,3 +92,34 @@ def test_fused_hooks_get_the_layers_norms(tiny_path, monkeypatch):
             (layer.mlp.down_proj, nxt.weight),
         ]
     assert [(a is b, c is d) for (a, c), (b, d) in zip(seen, want, strict=True)] == [(True, True)] * len(want)
+
+
+@pytest.mark.gpu
+def test_bf16_gated_decode_gives_the_same_tokens(tiny_path, monkeypatch):
+    """On a GPU, `CudaLinearMethod.gated_decode` on: bf16 decode steps of 1-2 rows run SiLU-and-mul in
+    the gate/up skinny GEMM's epilogue (`gemv(..., gated=True)`), the same bits as the separate launch,
+    so the same greedy tokens (CUDA graphs on); and the gated launch is what ran."""
+    from qwick.kernels import gemv as g
+    from qwick.layers.linear import CudaLinearMethod
+
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    real = g.gemv
+    gated_rows = []
+    monkeypatch.setattr(
+        g,
+        "gemv",
+        lambda x, *a, gated=False, **k: (
+            (gated and gated_rows.append(x.shape[0])) or real(x, *a, gated=gated, **k)
+        ),
+    )
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(CudaLinearMethod, "gated_decode", on)
+        llm = LLM(tiny_path, dtype="bfloat16", max_model_len=128, num_gpu_blocks_override=64)
+        out = llm.generate([list(range(5, 30)), [7, 8, 9]], params, use_tqdm=False)
+        outs.append([o.outputs[0].token_ids for o in out])
+        del llm
+    assert outs[0] == outs[1]
+    assert gated_rows and set(gated_rows) <= set(range(1, 17))
