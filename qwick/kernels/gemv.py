@@ -60,10 +60,7 @@ def _gemv_kernel(
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     if GATED:
-        r = tl.arange(0, BLOCK_N)
-        outs = pid_n * (BLOCK_N // 2) + r % (BLOCK_N // 2)  # the output each row feeds
-        rn = outs + (r // (BLOCK_N // 2)) * (N // 2)
-        n_ok = outs < N // 2
+        rn, n_ok = gated_rows(pid_n, N, BLOCK_N)
     else:
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < N
@@ -114,6 +111,15 @@ def _gemv_kernel(
             BLOCK_M,
             BLOCK_N,
         )
+
+
+@triton.jit
+def gated_rows(pid_n, N, BLOCK_N: tl.constexpr):
+    """Tile pid_n's rows of a [gate | up] weight of N rows, and which are in range: BLOCK_N / 2 gate rows,
+    then the up rows of the same outputs (N / 2 further on)."""
+    r = tl.arange(0, BLOCK_N)
+    outs = pid_n * (BLOCK_N // 2) + r % (BLOCK_N // 2)  # the output each row feeds
+    return outs + (r // (BLOCK_N // 2)) * (N // 2), outs < N // 2
 
 
 @triton.jit

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.gemv import GemvWorkspace, split_k_epilogue, split_k_for
+from qwick.kernels.gemv import GemvWorkspace, gated_rows, split_k_epilogue, split_k_for
 from qwick.kernels.w4a16 import ZERO_CONST, ZERO_TENSOR
 from qwick.quantization.formats.layout import QuantizedWeight
 
@@ -190,11 +190,7 @@ def row_split(
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if GATED:
-        HALF: tl.constexpr = BLOCK_N // 2
-        r = tl.arange(0, BLOCK_N)
-        out = pid_n * HALF + r % HALF  # the output each row feeds
-        rn = out + (r // HALF) * (N // 2)
-        n_ok = out < N // 2
+        rn, n_ok = gated_rows(pid_n, N, BLOCK_N)
     else:
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < N
