@@ -55,7 +55,7 @@ def _gemv_kernel(
     GATED: tl.constexpr = False,
 ):
     """GATED (one split): W is a [gate | up] weight of N rows, each tile's first half gate rows and its
-    second half the up rows of the same outputs, and y [M, N / 2] is silu(gate) * up (`_gated_store`)."""
+    second half the up rows of the same outputs, and y [M, N / 2] is silu(gate) * up (`gated_store`)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -90,7 +90,7 @@ def _gemv_kernel(
     if X_CODES and X_GROUP == 0:  # per-row scales of the activation codes
         acc *= tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)[:, None]
     if GATED:
-        _gated_store(acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, pid_n, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+        gated_store(acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, pid_n, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
     else:
         split_k_epilogue(
             acc,
@@ -123,7 +123,7 @@ def gated_rows(pid_n, N, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _gated_store(
+def gated_store(
     acc,
     b_ptr,
     y_ptr,
@@ -138,16 +138,19 @@ def _gated_store(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """A GATED whole-K tile: its gate and up sums (+ bias) rounded to y's dtype, as the plain epilogue
-    stores them, then silu(gate) * up of its BLOCK_N / 2 outputs as `silu_and_mul` computes it."""
+    """A whole-K tile of `gated_rows` (acc [BLOCK_M, BLOCK_N]): its gate and up sums (+ bias) rounded to
+    y's dtype, as the plain epilogue stores them, then silu(gate) * up of its BLOCK_N / 2 outputs as
+    `silu_and_mul` computes it, stored and returned ([BLOCK_M, BLOCK_N / 2])."""
     HALF: tl.constexpr = BLOCK_N // 2
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     y = acc.to(y_ptr.dtype.element_ty)
     gate, up = tl.split(tl.permute(tl.reshape(y, (BLOCK_M, 2, HALF)), (0, 2, 1)))  # columns r, HALF + r
+    act = silu_times(gate, up)
     outs = pid_n * HALF + tl.arange(0, HALF)
     mask = m_ok[:, None] & (outs < N // 2)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + outs[None, :], silu_times(gate, up), mask=mask)
+    tl.store(y_ptr + rm[:, None] * stride_ym + outs[None, :], act, mask=mask)
+    return act
 
 
 @triton.jit

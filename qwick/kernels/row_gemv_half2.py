@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from qwick.kernels.elementwise import rms_norm_tail, store_half_pairs
-from qwick.kernels.gemv import GemvWorkspace
+from qwick.kernels.gemv import GemvWorkspace, gated_store
 from qwick.kernels.half2 import EMULATE, split4, sum_halves_asm
 from qwick.kernels.row_gemv import (
     RowGemvConfig,
@@ -52,7 +52,6 @@ from qwick.kernels.row_gemv import (
     w4_row_supported,
     weight_args,
 )
-from qwick.kernels.swiglu import silu_times
 from qwick.layers.linear import HalfPairs, NormAfter, PairedRows
 from qwick.quantization.formats.layout import QuantizedWeight
 
@@ -319,20 +318,14 @@ def _gated_epilogue(
     OUT_INV_DIV: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """A whole-K tile of `row_split`'s GATED rows: its gate and up sums (+ bias) rounded to y's dtype, as
-    the plain GEMV stores them, then silu(gate) * up of its BLOCK_N / 2 outputs as `silu_and_mul`
-    computes it (bit for bit), and with OUT_PAIRS their `HalfPairs` (`store_half_pairs`)."""
-    HALF: tl.constexpr = BLOCK_N // 2
-    y = tl.sum(acc2d, axis=1)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-    y = y.to(y_ptr.dtype.element_ty)
-    gate, up = tl.split(tl.permute(tl.reshape(y, (2, HALF)), (1, 0)))  # rows r and HALF + r
-    act = silu_times(gate, up)
-    outs = pid_n * HALF + tl.arange(0, HALF)
-    tl.store(y_ptr + outs, act, mask=outs < N // 2)
+    """A whole-K tile of `gated_rows`: `gemv.gated_store` of its one row (silu(gate) * up as
+    `silu_and_mul` computes it, bit for bit), and with OUT_PAIRS the outputs' `HalfPairs`."""
+    rm = tl.arange(0, 1)
+    y = tl.sum(acc2d, axis=1)[None, :]
+    act = gated_store(y, b_ptr, y_ptr, rm, rn, rm < 1, n_ok, pid_n, N, 0, HAS_BIAS, 1, BLOCK_N)
     if OUT_PAIRS:
-        store_half_pairs(act, p_ptr, pid_n * (HALF // 8), N // 16, OUT_INV_DIV, HALF)
+        HALF: tl.constexpr = BLOCK_N // 2
+        store_half_pairs(tl.reshape(act, (HALF,)), p_ptr, pid_n * (HALF // 8), N // 16, OUT_INV_DIV, HALF)
 
 
 def half_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -430,7 +423,7 @@ def gated_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig | None:
     same grid: each tile is half gate rows, half up rows), when that has a single split, which the gated
     epilogue needs (the qwen2.5-7b and 14b gate/up projections); None otherwise."""
     cfg = default_half2_config(n, kw, num_sms)
-    return cfg if cfg.split_k == 1 and n % 32 == 0 else None
+    return cfg if cfg.split_k == 1 and n % 16 == 0 else None
 
 
 def w4_half2_gated(

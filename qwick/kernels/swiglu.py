@@ -1,6 +1,6 @@
 """SwiGLU's gate arithmetic, shared by every kernel that writes it: the SiLU-and-mul kernel
 (`qwick.kernels.elementwise.silu_and_mul`) and the gate/up GEMVs that apply it in their epilogue
-(`qwick.kernels.gemv`, `qwick.kernels.row_gemv_half2`), so that all of them give the same bits."""
+(`qwick.kernels.gemv.gated_store`, which the int4 GEMV calls too), so that all of them give the same bits."""
 
 from __future__ import annotations
 
