@@ -32,7 +32,10 @@
 #   bash benchmarks/gpu_session.sh fused33   # int4 batch 1's two unrun fusions (SiLU-and-mul in the
 #                                            # gate/up GEMV, the norms in the o and down GEMVs; both
 #                                            # off): tests, greedy; fused33ab: batch 1 with each;
-#                                            # fused33bf16: bf16 batch 1 with the gated gate/up GEMM
+#                                            # fused33bf16: bf16 batch 1 with the gated gate/up GEMM;
+#                                            # fused33quick: one short call, LIMIT seconds (default
+#                                            # 480): batch 1 with none / all / gated / normed
+#                                            # (VARIANTS), then the fusions' GPU tests
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #   bash benchmarks/gpu_session.sh int4shapes  # int4 batch 1 with the two per-shape launches (o 64 rows x
 #                                            # 8 warps, down 2 warps with the prefetch; the default since
@@ -852,7 +855,7 @@ runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&
   fused33ab)
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     for i in ${REPS_LIST:-1 2}; do
-      for v in none gated normed normed_o all; do  # normed_o: the o projection's norm only, not down's
+      for v in ${VARIANTS:-none gated normed normed_o all}; do  # normed_o: the o projection's norm only, not down's
         G=False; N=False; O=False
         [ $v = gated ] || [ $v = all ] && G=True
         [ $v = normed ] || [ $v = all ] && N=True
@@ -866,6 +869,19 @@ if $O:
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --output-json "$OUT/b1_int4_${v}_$i.json"
       done
     done
+    ;;
+  fused33quick)  # for a call with little device time left: the A/B first (what decides), the tests after
+    t0=$(date +%s)
+    LIMIT=${LIMIT:-480}
+    OUT=$OUT REPS_LIST=${REPS_LIST:-1} VARIANTS=${VARIANTS:-none all gated normed} timeout $((LIMIT - 120)) \
+      bash "$0" fused33ab
+    for f in "$OUT"/b1_int4_*.json; do
+      echo "$(basename "$f") $(grep -ho '"\(decode_tokens_per_s\|ttft_ms\)": [0-9.]*' "$f" | tr '\n' ' ')"
+    done
+    left=$((LIMIT - ($(date +%s) - t0)))
+    timeout $((left > 30 ? left - 10 : 20)) python -m pytest -q -m gpu -p no:cacheprovider \
+      tests/kernels/test_row_gemv.py tests/quantization/test_int4_on_the_fly.py tests/models/test_fused_launches.py \
+      tests/kernels/test_gemv.py -k "gated or normed" 2>&1 | tail -8
     ;;
   fused33bf16)  # bf16 batch 1 with SiLU-and-mul in the gate/up skinny GEMM (`CudaLinearMethod.gated_decode`,
     # off) and without, alternating
