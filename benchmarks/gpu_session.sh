@@ -29,9 +29,10 @@
 #   bash benchmarks/gpu_session.sh pairs     # int4 batch 1 with the norms and SiLU writing the f16x2 GEMV's
 #                                            # activation pairs (`paired_input`, on): its GPU tests, batch 1
 #                                            # with it and without
-#   bash benchmarks/gpu_session.sh fused33   # int4 batch 1's two unrun fusions (SiLU-and-mul in the
-#                                            # gate/up GEMV, the norms in the o and down GEMVs; both
-#                                            # off): tests, greedy; fused33ab: batch 1 with each;
+#   bash benchmarks/gpu_session.sh fused33   # int4 batch 1's fusions of the 33rd session (SiLU-and-mul
+#                                            # in the gate/up GEMV, on since the 35th; the o norm in
+#                                            # its GEMV's tail, off): tests, greedy; fused33ab: batch 1
+#                                            # with each; normedfix: the o norm after its pairs' fix;
 #                                            # fused33bf16: bf16 batch 1 with the gated gate/up GEMM;
 #                                            # fused33quick: one short call, LIMIT seconds (default
 #                                            # 480): batch 1 with none / all / gated / normed
@@ -840,10 +841,10 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     alternate b1_int4_rows32 b1_int4_rows64 "$ROWS64" $B1
     ;;
-  fused33)  # the 33rd session's two unrun fusions for int4 batch 1 (written without a GPU, both off):
-    # SiLU-and-mul in the gate/up GEMV's epilogue (`gated_decode`) and the norms after the o and down
-    # GEMVs in their tails (`normed_decode`). Their GPU tests, the int4 greedy check with both on; then
-    # `fused33ab`: batch 1 with neither, each, the o norm alone and all, round-robin
+  fused33)  # the 33rd session's two fusions for int4 batch 1: SiLU-and-mul in the gate/up GEMV's epilogue
+    # (`gated_decode`, on since the 35th session) and the o projection's norm in its tail (`normed_decode`,
+    # off). Their GPU tests, the int4 greedy check with both on; then `fused33ab`: batch 1 with neither,
+    # each and both, round-robin
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py tests/kernels/test_gemv.py \
       tests/quantization/test_int4_on_the_fly.py tests/kernels/test_elementwise.py \
       tests/models/test_fused_launches.py 2>&1 | tail -2
@@ -855,20 +856,26 @@ runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&
   fused33ab)
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     for i in ${REPS_LIST:-1 2}; do
-      for v in ${VARIANTS:-none gated normed normed_o all}; do  # normed_o: the o projection's norm only, not down's
-        G=False; N=False; O=False
+      for v in ${VARIANTS:-none gated normed all}; do  # normed: the o projection's norm (`normed_half2_config`)
+        G=False; N=False
         [ $v = gated ] || [ $v = all ] && G=True
         [ $v = normed ] || [ $v = all ] && N=True
-        [ $v = normed_o ] && N=True && O=True
         run b1_int4_${v}_$i python -c "import sys; from qwick.quantization.int4 import PackedLinearMethod as M
-import qwick.kernels.row_gemv_half2 as h
 M.gated_decode = $G; M.normed_decode = $N
-if $O:
-    c = h.normed_half2_config
-    h.normed_half2_config = lambda n, kw, sms: None if 8 * kw > 8192 else c(n, kw, sms)
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --output-json "$OUT/b1_int4_${v}_$i.json"
       done
     done
+    ;;
+  normedfix)  # the o norm's tail (`normed_decode`, off) after the 35th session's fix of its pairs: the
+    # kernel tests (the tail's pairs 40 launches each), the int4 greedy check with it on, batch 1 with
+    # the gated gate/up (the default) and it, or without it, alternating
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
+      tests/quantization/test_int4_on_the_fly.py -k "normed or tail" 2>&1 | tail -3
+    REF32=0 python -c "from qwick.quantization.int4 import PackedLinearMethod as M
+M.normed_decode = True
+import runpy, sys; sys.argv = ['greedy_vs_transformers.py', 'int4']
+runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&1 | grep "prompt " | head -3
+    OUT=$OUT VARIANTS="gated all" bash "$0" fused33ab
     ;;
   fused33quick)  # for a call with little device time left: the A/B first (what decides), the tests after
     t0=$(date +%s)
@@ -890,7 +897,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

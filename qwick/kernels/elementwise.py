@@ -147,9 +147,29 @@ def rms_norm_tail(
     if done == tl.num_programs(0) * tl.num_programs(1) - 1:
         rms_norm_row(
             y_ptr, res_ptr, w_ptr, out_ptr, out_ptr, y_ptr, p_ptr, N, eps,
-            True, False, 0.0, 0.0, 0.0, False, PAIRS, INV_DIV, BLOCK, ".cg",
+            True, False, 0.0, 0.0, 0.0, False, False, INV_DIV, BLOCK, ".cg",
         )  # fmt: skip
+        if PAIRS:
+            # From the stored row, not `store_half_pairs` on the registers: here (after the atomic and
+            # the row's sum), that in-register reshape intermittently wrote a stale last word on an
+            # H100 (Triton 3.6; N = 40, 4 and 8 warps; 35th session), where the stored row was right.
+            tl.debug_barrier()  # the whole row is stored before any thread reads another's part
+            half_pairs_of_row(out_ptr, p_ptr, N, INV_DIV, BLOCK)
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def half_pairs_of_row(row_ptr, p_row, N, INV_DIV: tl.constexpr, BLOCK: tl.constexpr):
+    """The `HalfPairs` of the stored row [N] (N a multiple of 8), as `store_half_pairs` writes them: pair
+    slot 4 * word + p holds (x[8 word + p], x[8 word + p + 4]) * INV_DIV in fp16, x[8 word + p] low."""
+    slot = tl.arange(0, BLOCK // 2)
+    col = 8 * (slot // 4) + slot % 4
+    ok = slot < N // 2
+    lo = tl.load(row_ptr + col, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    hi = tl.load(row_ptr + col + 4, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    lo = (lo * INV_DIV).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    hi = (hi * INV_DIV).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    tl.store(p_row + slot, lo | (hi << 16), mask=ok)
 
 
 @triton.jit

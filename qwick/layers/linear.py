@@ -167,9 +167,11 @@ class CudaLinearMethod(LinearMethod):
     """
 
     # SiLU-and-mul in the packed gate/up projection's skinny GEMM at 1-16 rows (`gemv(..., gated=True)`:
-    # each tile holds gate rows and the matching up rows): one launch fewer per layer. Off until timed on
-    # a GPU (written in the 33rd session, which had none).
-    gated_decode = False
+    # each tile holds gate rows and the matching up rows): one launch fewer per layer. H100, 7b shapes,
+    # decode tok/s with it against without: batch 1 183.0, 183.1, 183.1 against 181.3, 181.2, 181.2
+    # (+1.0%); batch 4 727.0, 726.9 against 718.4, 718.2 (+1.2%); batch 16 2840, 2842 against 2800, 2802
+    # (+1.4%).
+    gated_decode = True
 
     def __init__(self, device: torch.device) -> None:
         from qwick.kernels import gemv  # Triton: imported only on CUDA machines, once

@@ -120,12 +120,14 @@ class PackedLinearMethod(LinearMethod):
     # Batch-1 SiLU-and-mul in the packed gate/up projection's f16x2 GEMV (`w4_half2_gated`: each tile
     # holds gate rows and the matching up rows, so its epilogue writes silu(gate) * up and the down
     # projection's pairs), where the launch has one split (the 7b and 14b gate/up): one launch fewer per
-    # layer. Off until timed on a GPU (written in the 33rd session, which had none).
-    gated_decode = False
-    # Batch-1 residual add + RMSNorm after the o and down projections in their f16x2 GEMV's launch
-    # (`w4_half2_normed`: the launch's last program normalizes the row; after down it is the next layer's
-    # input norm, or the model's final one): two launches fewer per layer. Off until timed on a GPU (33rd
-    # session).
+    # layer. H100, 7b shapes, batch 1: 442.0, 441.9, 441.8 against 433.5, 433.0, 432.7 tok/s (+2.0%).
+    gated_decode = True
+    # Batch-1 residual add + RMSNorm after the o projection in its f16x2 GEMV's launch (`w4_half2_normed`:
+    # the launch's last program normalizes the row), where that launch has the threads to do it quickly
+    # (`normed_half2_config`: the 7b o projection, not down, whose 2-warp launch's tail cost more than the
+    # norm's own launch). H100, 7b shapes, batch 1 with gated_decode: 444.3 and 444.6 tok/s against 442.0
+    # and 441.8 (+0.6%). Off: the tail's pairs were found intermittently wrong on the GPU (35th session);
+    # the fix in `rms_norm_tail` has passed only the interpreter so far.
     normed_decode = False
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:

@@ -240,6 +240,17 @@ def test_gated_gemv_is_silu_and_mul_of_the_gemv(inter, k, paired_in):
         w4_half2_gated(x.x, qw, b, ws, RowGemvConfig(32, 16, 2))
 
 
+def test_normed_launch_only_with_a_short_tail():
+    """`normed_half2_config`: the plain launch where its last program normalizes the row in at most 16
+    values a thread (the 7b o projection's 8 warps), else None (the 7b down projection's 2 warps)."""
+    from qwick.kernels.row_gemv_half2 import default_half2_config, normed_half2_config
+
+    assert normed_half2_config(3584, 448, 132) == default_half2_config(3584, 448, 132)
+    assert default_half2_config(3584, 448, 132).num_warps == 8
+    assert default_half2_config(3584, 2368, 132).num_warps == 2
+    assert normed_half2_config(3584, 2368, 132) is None
+
+
 def test_gated_launch_only_with_one_split():
     """`gated_half2_config`: the plain launch where it has one split (7b and 14b gate/up), else None."""
     from qwick.kernels.row_gemv import RowGemvConfig
@@ -258,8 +269,9 @@ def test_normed_gemv_is_the_norm_of_the_gemv(n, k, pairs_out):
     """`w4_half2_normed`: the residual add + RMSNorm of `w4_half2_gemv` in its own launch, against
     `rms_norm` of the GEMV's output: the same residual bit for bit, the normalized row and its pairs within
     one bf16 step (the sum of squares may be added in another order on a GPU), at one split and at K
-    splits (with an empty split), the 7b o and down projections' default launches on GPUs (8 and 2
-    warps); twice per launch shape, so the tail's counter must have been reset."""
+    splits (with an empty split), in 8, 4 and 2 warps (2 warps with the prefetch: 64 values a thread in
+    the tail at 7b shapes) and the shape's default launch where the norm takes it (the 7b o projection's);
+    twice per launch shape, so the tail's counter must have been reset."""
     from qwick.kernels.elementwise import rms_norm
     from qwick.kernels.row_gemv import RowGemvConfig
     from qwick.kernels.row_gemv_half2 import (
@@ -280,7 +292,11 @@ def test_normed_gemv_is_the_norm_of_the_gemv(n, k, pairs_out):
     norm_w = (torch.rand(n, generator=gen) + 0.5).to(dev, act)
     quant = HalfPairs(X_DIV) if pairs_out else None
     kw = k // 8
-    cfgs = [RowGemvConfig(64, tile_words_for(kw), 1, num_warps=8), RowGemvConfig(32, 16, 5, prefetch=True)]
+    cfgs = [
+        RowGemvConfig(64, tile_words_for(kw), 1, num_warps=8),
+        RowGemvConfig(32, 16, 5, prefetch=True),
+        RowGemvConfig(32, tile_words_for(kw), 2, num_warps=2, prefetch=True),  # 64 values a thread at 7b
+    ]
     if normed_half2_config(n, kw, ws.num_sms) is not None:
         cfgs.append(None)
     for cfg in cfgs:
@@ -305,3 +321,28 @@ def test_normed_gemv_is_the_norm_of_the_gemv(n, k, pairs_out):
     assert int(ws.counters.abs().sum()) == 0
     with pytest.raises(ValueError, match="residual"):
         w4_half2_normed(x, qw, b, ws, NormAfter(norm_w, 1e-6, residual[:, 1:]), cfgs[0])
+
+
+@pytest.mark.parametrize("num_warps", [2, 8])
+def test_normed_tail_pairs_are_the_pairs_of_its_row(num_warps):
+    """`w4_half2_normed` with `HalfPairs` out, launched many times: its pairs are, bit for bit, those of the
+    normalized row it wrote (`HalfPairs` of x: (x[8w + p], x[8w + p + 4]) / X_DIV in fp16). On an H100 the
+    tail once wrote a stale last word at N = 40 in one launch of four or five (35th session)."""
+    from qwick.kernels.row_gemv import RowGemvConfig
+    from qwick.kernels.row_gemv_half2 import X_DIV, tile_words_for, w4_half2_normed
+    from qwick.layers.linear import HalfPairs, NormAfter
+
+    dev = triton_device()
+    ws = gemv_workspace(dev)
+    act = torch.float16 if INTERPRET else torch.bfloat16
+    n, k = 40, 768
+    gen = torch.Generator().manual_seed(5)
+    qw = rtn.quantize(torch.randn(n, k, generator=gen) / k**0.5, group_size=128).to(dev)
+    norm_w = (torch.rand(n, generator=gen) + 0.5).to(dev, act)
+    cfg = RowGemvConfig(32, tile_words_for(k // 8), 2, num_warps=num_warps)
+    for _ in range(2 if INTERPRET else 40):
+        x = (torch.randn(1, k, generator=gen) * 2).to(dev, act)
+        residual = (torch.randn(1, n, generator=gen) * 4).to(dev, act)
+        got = w4_half2_normed(x, qw, None, ws, NormAfter(norm_w, 1e-6, residual, HalfPairs(X_DIV)), cfg)
+        want = (got.x.float() / X_DIV).half().view(-1, 2, 4).transpose(1, 2).reshape(1, -1)
+        assert torch.equal(got.pairs.view(torch.float16), want)
