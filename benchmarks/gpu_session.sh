@@ -888,10 +888,10 @@ runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&
       tests/kernels/test_gemv.py -k "gated or normed" 2>&1 | tail -8
     ;;
   fused33bf16)  # bf16 batch 1 with SiLU-and-mul in the gate/up skinny GEMM (`CudaLinearMethod.gated_decode`,
-    # off) and without, alternating
-    GATED="import sys; from qwick.layers.linear import CudaLinearMethod as M; M.gated_decode = True
+    # on since the 35th session) and without, alternating
+    PLAIN="import sys; from qwick.layers.linear import CudaLinearMethod as M; M.gated_decode = False
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    alternate b1_bf16_plain b1_bf16_gated "$GATED" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT
+    alternate b1_bf16_gated b1_bf16_plain "$PLAIN" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT
     ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"

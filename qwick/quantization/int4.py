@@ -122,12 +122,10 @@ class PackedLinearMethod(LinearMethod):
     # projection's pairs), where the launch has one split (the 7b and 14b gate/up): one launch fewer per
     # layer. H100, 7b shapes, batch 1: 442.0, 441.9, 441.8 against 433.5, 433.0, 432.7 tok/s (+2.0%).
     gated_decode = True
-    # Batch-1 residual add + RMSNorm after the o projection in its f16x2 GEMV's launch (`w4_half2_normed`:
-    # the launch's last program normalizes the row), where that launch has the threads to do it quickly
-    # (`normed_half2_config`: the 7b o projection, not down, whose 2-warp launch's tail cost more than the
-    # norm's own launch). H100, 7b shapes, batch 1 with gated_decode: 444.3 and 444.6 tok/s against 442.0
-    # and 441.8 (+0.6%). Off: the tail's pairs were found intermittently wrong on the GPU (35th session);
-    # the fix in `rms_norm_tail` has passed only the interpreter so far.
+    # Batch-1 residual add + RMSNorm after a projection in its f16x2 GEMV's launch (`w4_half2_normed`: the
+    # launch's last program normalizes the row) where `normed_half2_config` takes it (the 7b o projection,
+    # +0.6% on an H100; its docstring has the figures). Off: the tail's pairs were found intermittently
+    # wrong on the GPU (35th session); the fix in `rms_norm_tail` has passed only the interpreter so far.
     normed_decode = False
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
