@@ -31,7 +31,7 @@
 #                                            # with it and without
 #   bash benchmarks/gpu_session.sh fused33   # int4 batch 1's fusions of the 33rd session (SiLU-and-mul
 #                                            # in the gate/up GEMV, on since the 35th; the o norm in
-#                                            # its GEMV's tail, off): tests, greedy; fused33ab: batch 1
+#                                            # its GEMV's tail, on since the 36th): tests, greedy; fused33ab: batch 1
 #                                            # with each; normedfix: the o norm after its pairs' fix;
 #                                            # fused33bf16: bf16 batch 1 with the gated gate/up GEMM;
 #                                            # fused33quick: one short call, LIMIT seconds (default
@@ -843,7 +843,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     ;;
   fused33)  # the 33rd session's two fusions for int4 batch 1: SiLU-and-mul in the gate/up GEMV's epilogue
     # (`gated_decode`, on since the 35th session) and the o projection's norm in its tail (`normed_decode`,
-    # off). Their GPU tests, the int4 greedy check with both on; then `fused33ab`: batch 1 with neither,
+    # on since the 36th session). Their GPU tests, the int4 greedy check with both on; then `fused33ab`: batch 1 with neither,
     # each and both, round-robin
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py tests/kernels/test_gemv.py \
       tests/quantization/test_int4_on_the_fly.py tests/kernels/test_elementwise.py \
@@ -866,7 +866,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --outp
       done
     done
     ;;
-  normedfix)  # the o norm's tail (`normed_decode`, off) after the 35th session's fix of its pairs: the
+  normedfix)  # the o norm's tail (`normed_decode`, on since the 36th session) after the 35th session's fix of its pairs: the
     # kernel tests (the tail's pairs 40 launches each), the int4 greedy check with it on, batch 1 with
     # the gated gate/up (the default) and it, or without it, alternating
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
