@@ -37,6 +37,10 @@
 #                                            # fused33quick: one short call, LIMIT seconds (default
 #                                            # 480): batch 1 with none / all / gated / normed
 #                                            # (VARIANTS), then the fusions' GPU tests
+#   bash benchmarks/gpu_session.sh pdl36     # int4 batch 1 with the QKV and o GEMVs' weights loaded while
+#                                            # the norm / attention before them runs (programmatic
+#                                            # dependent launch, `pdl_preload`, on): tests, the A/B
+#                                            # against QWICK_PDL=0, greedy, the graph tests
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #   bash benchmarks/gpu_session.sh int4shapes  # int4 batch 1 with the two per-shape launches (o 64 rows x
 #                                            # 8 warps, down 2 warps with the prefetch; the default since
@@ -893,11 +897,24 @@ runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     alternate b1_bf16_gated b1_bf16_plain "$PLAIN" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT
     ;;
+  pdl36)  # int4 batch 1 with the QKV and o GEMVs preloaded and launched early (`pdl_preload`, on since
+    # the 36th session; QWICK_PDL=0 turns it off): the PDL tests, batch 1 with it and without,
+    # alternating, the int4 greedy check, the graph tests
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_row_gemv.py \
+      tests/quantization/test_int4_on_the_fly.py -k "preload" 2>&1 | tail -3
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
+    for i in ${REPS_LIST:-1 2}; do
+      run b1_int4_pdl_$i $CLI $B1 --output-json "$OUT/b1_int4_pdl_$i.json"
+      run b1_int4_nopdl_$i env QWICK_PDL=0 $CLI $B1 --output-json "$OUT/b1_int4_nopdl_$i.json"
+    done
+    REF32=0 python benchmarks/greedy_vs_transformers.py int4 2>&1 | grep "prompt " | head -3
+    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py tests/models 2>&1 | tail -2
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

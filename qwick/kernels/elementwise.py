@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from qwick.kernels.half2 import _EMULATE
+from qwick.kernels.pdl import pdl_supported, pdl_trigger
 from qwick.kernels.swiglu import silu_times
 from qwick.kernels.w8a8 import codes_of, inv_qmax
 from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
@@ -54,7 +55,10 @@ def _rms_norm_kernel(
     PAIRS: tl.constexpr,
     INV_DIV: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr,
 ):
+    if PDL_TRIGGER:  # the next kernel may launch now (qwick.kernels.pdl: the QKV GEMV's weights)
+        pdl_trigger()
     row = tl.program_id(0).to(tl.int64)
     rms_norm_row(
         x_ptr + row * stride_x,
@@ -271,6 +275,7 @@ def rms_norm(
             HAS_RESIDUAL=residual is not None,
             QUANT=quant is not None,
             BLOCK=block,
+            PDL_TRIGGER=pdl_supported(x.device),
             num_warps=num_warps or _norm_warps(block, rows, quant is not None),
             **meta,
             **pair_meta,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 from qwick.quantization.formats import gptq, rtn
 from qwick.quantization.formats.layout import QuantizedWeight, dequantize, pack_along_k
@@ -29,6 +30,16 @@ if INTERPRET:
 # the interpreter rounds fp32 -> bf16 toward zero (-371 -> -370, not -372), so bf16 is checked on GPUs only
 X_DTYPES = [torch.float16] + ([] if INTERPRET else [torch.bfloat16])
 KERNEL_X = [("fp32", torch.float32)] + [(kernel, t) for kernel in ("fp32", "f16x2") for t in X_DTYPES]
+
+
+def _rtn_case(n: int, k: int, seed: int):
+    """Where a test runs, its split-K scratch, the activations' dtype (fp16 under the interpreter, which
+    rounds to bf16 toward zero), a seeded generator and an [n, k] round-to-nearest int4 weight (group 128)
+    of unit-variance products."""
+    dev = triton_device()
+    gen = torch.Generator().manual_seed(seed)
+    qw = rtn.quantize(torch.randn(n, k, generator=gen) / k**0.5, group_size=128).to(dev)
+    return dev, gemv_workspace(dev), torch.float16 if INTERPRET else torch.bfloat16, gen, qw
 
 
 def _gemv(kernel: str):
@@ -157,11 +168,7 @@ def test_f16x2_reads_pairs_made_by_the_producer(n, k):
     from qwick.kernels.row_gemv_half2 import X_DIV, w4_half2_gemv
     from qwick.layers.linear import HalfPairs
 
-    dev = triton_device()
-    ws = gemv_workspace(dev)
-    act = torch.float16 if INTERPRET else torch.bfloat16
-    gen = torch.Generator().manual_seed(k)
-    qw = rtn.quantize(torch.randn(n, k, generator=gen) / k**0.5, group_size=128).to(dev)
+    dev, ws, act, gen, qw = _rtn_case(n, k, k)
     h = torch.randn(1, k, generator=gen).to(dev, act) * 3
     norm_w = torch.rand(k, generator=gen).to(dev, act) + 0.5
     paired = rms_norm(h, norm_w, 1e-6, quant=HalfPairs(X_DIV))
@@ -213,12 +220,8 @@ def test_gated_gemv_is_silu_and_mul_of_the_gemv(inter, k, paired_in):
     )
     from qwick.layers.linear import HalfPairs, PairedRows
 
-    dev = triton_device()
-    ws = gemv_workspace(dev)
-    act = torch.float16 if INTERPRET else torch.bfloat16
-    gen = torch.Generator().manual_seed(inter + k)
     n = 2 * inter
-    qw = rtn.quantize(torch.randn(n, k, generator=gen) / k**0.5, group_size=128).to(dev)
+    dev, ws, act, gen, qw = _rtn_case(n, k, inter + k)
     h = torch.randn(1, k, generator=gen).to(dev, act) * 3
     x = rms_norm(h, torch.rand(k, generator=gen).to(dev, act) + 0.5, 1e-6, quant=HalfPairs(X_DIV))
     pairs = x.pairs if paired_in else None
@@ -283,11 +286,7 @@ def test_normed_gemv_is_the_norm_of_the_gemv(n, k, pairs_out):
     )
     from qwick.layers.linear import HalfPairs, NormAfter, PairedRows
 
-    dev = triton_device()
-    ws = gemv_workspace(dev)
-    act = torch.float16 if INTERPRET else torch.bfloat16
-    gen = torch.Generator().manual_seed(n + k)
-    qw = rtn.quantize(torch.randn(n, k, generator=gen) / k**0.5, group_size=128).to(dev)
+    dev, ws, act, gen, qw = _rtn_case(n, k, n + k)
     b = torch.randn(n, generator=gen).to(dev, act)
     norm_w = (torch.rand(n, generator=gen) + 0.5).to(dev, act)
     quant = HalfPairs(X_DIV) if pairs_out else None
@@ -346,3 +345,73 @@ def test_normed_tail_pairs_are_the_pairs_of_its_row(num_warps):
         got = w4_half2_normed(x, qw, None, ws, NormAfter(norm_w, 1e-6, residual, HalfPairs(X_DIV)), cfg)
         want = (got.x.float() / X_DIV).half().view(-1, 2, 4).transpose(1, 2).reshape(1, -1)
         assert torch.equal(got.pairs.view(torch.float16), want)
+
+
+def test_preload_fits_the_7b_qkv_and_o_only():
+    """`preload_fits`: the default launches whose splits hold at most two tiles, without the prefetch: the
+    7b QKV and o projections (K split 8: seven splits of two tiles and an empty one), not gate/up (14 tiles
+    in one split) or down (the prefetch, 10 tiles a split)."""
+    from qwick.kernels.row_gemv import RowGemvConfig
+    from qwick.kernels.row_gemv_half2 import default_half2_config, preload_fits
+
+    assert preload_fits(default_half2_config(4608, 448, 132), 448)
+    assert preload_fits(default_half2_config(3584, 448, 132), 448)
+    assert not preload_fits(default_half2_config(37888, 448, 132), 448)
+    assert not preload_fits(default_half2_config(3584, 2368, 132), 2368)
+    assert not preload_fits(RowGemvConfig(32, 16, 2, prefetch=True), 64)
+
+
+PRELOAD_SHAPES = [(96, 512), (40, 768)] if INTERPRET else [(4608, 3584), (3584, 3584), (40, 768)]
+
+
+@pytest.mark.parametrize("n,k", PRELOAD_SHAPES)
+@pytest.mark.parametrize("paired", [False, True])
+def test_preloaded_gemv_is_the_loop_gemv(n, k, paired):
+    """`preload=True` (all of a split's tiles loaded before the wait, launched as a programmatic dependent
+    launch on a GPU that has it): the same bits as the tile loop, plain and with the norm in its tail, for
+    splits of two tiles, of one, and empty ones; a launch whose splits hold more tiles runs the loop."""
+    from qwick.kernels.row_gemv import RowGemvConfig
+    from qwick.kernels.row_gemv_half2 import (
+        X_DIV,
+        default_half2_config,
+        half_pairs,
+        preload_fits,
+        tile_words_for,
+        w4_half2_gemv,
+        w4_half2_normed,
+    )
+    from qwick.layers.linear import HalfPairs, NormAfter
+
+    dev, ws, act, gen, qw = _rtn_case(n, k, n + 3 * k)
+    b = torch.randn(n, generator=gen).to(dev, act)
+    norm_w = (torch.rand(n, generator=gen) + 0.5).to(dev, act)
+    kw = k // 8
+    bw = tile_words_for(kw)
+    tiles = kw // bw
+    cfgs = [
+        default_half2_config(n, kw, ws.num_sms),
+        RowGemvConfig(32, bw, triton.cdiv(tiles, 2)),  # two tiles a split (the last may hold one)
+        RowGemvConfig(32, bw, tiles),  # one tile a split
+        RowGemvConfig(64, bw, tiles + 1, num_warps=8),  # one tile a split and an empty split
+        RowGemvConfig(16, 16, triton.cdiv(kw // 16, 2)),  # two 16-word tiles a split
+        RowGemvConfig(32, bw, 1),  # the whole row in one split: more than two tiles except at 64 words
+    ]
+    fitting = 0
+    for cfg in cfgs:
+        if kw % cfg.block_k:
+            continue
+        fitting += preload_fits(cfg, kw)
+        x = (torch.randn(1, k, generator=gen) * 2).to(dev, act)
+        pairs = half_pairs(x) if paired else None
+        want = w4_half2_gemv(x, qw, b, ws, cfg, pairs=pairs)
+        assert torch.equal(w4_half2_gemv(x, qw, b, ws, cfg, pairs=pairs, preload=True), want), cfg
+        residual = (torch.randn(1, n, generator=gen) * 4).to(dev, act)
+        res_a, res_b = residual.clone(), residual.clone()
+        normed = w4_half2_normed(x, qw, b, ws, NormAfter(norm_w, 1e-6, res_a, HalfPairs(X_DIV)), cfg, pairs)
+        pre = w4_half2_normed(
+            x, qw, b, ws, NormAfter(norm_w, 1e-6, res_b, HalfPairs(X_DIV)), cfg, pairs, preload=True
+        )
+        assert torch.equal(res_a, res_b) and torch.equal(pre.x, normed.x), cfg
+        assert torch.equal(pre.pairs, normed.pairs), cfg
+    assert fitting >= 4
+    assert int(ws.counters.abs().sum()) == 0

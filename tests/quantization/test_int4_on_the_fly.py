@@ -364,6 +364,30 @@ def test_gated_decode_gives_the_same_tokens(tmp_path, monkeypatch):
     }
 
 
+@pytest.mark.gpu
+def test_pdl_preload_gives_the_same_tokens(tmp_path, monkeypatch):
+    """`pdl_preload` on: batch-1 f16x2 GEMVs of at most two tiles a split load their weights before they
+    wait for the kernel before (launched early after the input norm and decode attention, CUDA graphs on):
+    the same sums bit for bit, so the same greedy tokens; and the QKV and o projections did preload."""
+    from qwick.kernels import row_gemv_half2 as h
+    from qwick.kernels.pdl import pdl_supported
+
+    preloaded = []
+    real = h._launch
+
+    def spy(x, weight, *args, preload=False, **kwargs):
+        preloaded.append((tuple(weight.shape), preload))
+        return real(x, weight, *args, preload=preload, **kwargs)
+
+    monkeypatch.setattr(h, "_launch", spy)
+    off, on = _decode_with_and_without(tmp_path, monkeypatch, "pdl_preload")
+    assert off.token_ids == on.token_ids
+    hidden = QUANTIZABLE_DIMS["hidden_size"]
+    assert pdl_supported(torch.device("cuda"))
+    shapes = {shape for shape, preload in preloaded if preload}
+    assert (hidden, hidden) in shapes and any(n > hidden and k == hidden for n, k in shapes)  # o, qkv
+
+
 def test_gated_decode_stays_off_the_cpu(monkeypatch):
     """`gated_decode` on: a CPU row (and a layer that is not [gate | up]) is not gated, so the MLP runs its
     matmul and SiLU-and-mul apart, as before."""

@@ -16,6 +16,7 @@ import torch
 import triton
 
 from qwick.device_upload import to_device
+from qwick.kernels.pdl import pdl_supported
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionMetadata,
@@ -469,6 +470,7 @@ class TritonAttentionBackend(AttentionBackend):
             F16_DOT=is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
             HEADS_FIRST=self.longest_first,
             FUSED_WRITE=write is not None,
+            PDL_TRIGGER=splits == 1 and pdl_supported(q.device),
             **cfg,
         )
         if splits > 1:
