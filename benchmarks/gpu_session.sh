@@ -41,6 +41,9 @@
 #                                            # the norm / attention before them runs (programmatic
 #                                            # dependent launch, `pdl_preload`, on): tests, the A/B
 #                                            # against QWICK_PDL=0, greedy, the graph tests
+#   bash benchmarks/gpu_session.sh pdlmlp    # the MLP's GEMVs launched early too (`pdl_mlp`: o lets gate/up
+#                                            # in; `pdl_down`: gate/up lets down in; both off): tests,
+#                                            # int4 batch 1 with neither / mlp / both
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #   bash benchmarks/gpu_session.sh int4shapes  # int4 batch 1 with the two per-shape launches (o 64 rows x
 #                                            # 8 warps, down 2 warps with the prefetch; the default since
@@ -910,11 +913,27 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     REF32=0 python benchmarks/greedy_vs_transformers.py int4 2>&1 | grep "prompt " | head -3
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py tests/models 2>&1 | tail -2
     ;;
+  pdlmlp)  # the early-launched MLP chain (36th session, off): o lets gate/up in (`pdl_mlp`), gate/up lets
+    # down in (`pdl_down`); its tests, then int4 batch 1 with neither / mlp / both, round-robin
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
+      tests/quantization/test_int4_on_the_fly.py -k "preload or pdl" 2>&1 | tail -3
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
+    for i in ${REPS_LIST:-1 2}; do
+      for v in ${VARIANTS:-none mlp both}; do
+        M=False; D=False
+        [ $v = mlp ] || [ $v = both ] && M=True
+        [ $v = both ] && D=True
+        run b1_int4_pdl${v}_$i python -c "import sys; from qwick.quantization.int4 import PackedLinearMethod as P
+P.pdl_mlp = $M; P.pdl_down = $D
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --output-json "$OUT/b1_int4_pdl${v}_$i.json"
+      done
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

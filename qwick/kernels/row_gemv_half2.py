@@ -32,10 +32,11 @@ the 35th and 36th):
 holds gate rows and the matching up rows), and `w4_half2_normed` ends with the residual add + RMSNorm of
 the output, run by the launch's last program to finish (`elementwise.rms_norm_tail`).
 
-Launches whose splits hold at most two tiles (`preload_fits`: the 7b QKV and o projections) can load all
-their weights before they wait for the kernel before (`preload`, `PRELOAD`), launched early by programmatic
-dependent launch after the one-program RMSNorm and decode attention (`qwick.kernels.pdl`; 36th session:
-+2.1% at batch-1 int4 on an H100).
+A launch can start before the kernel before it has ended (programmatic dependent launch,
+`qwick.kernels.pdl`): with `preload` its programs load their split's first tiles (all of them where a split
+holds at most two, `preload_fits`: the 7b QKV and o projections) before they wait for that kernel; with
+`trigger` it lets the next kernel in at its start. In the engine the QKV and o GEMVs preload after the
+one-program RMSNorm and decode attention (36th session: +2.1% at batch-1 int4 on an H100).
 
 Under Triton's interpreter, which runs no PTX, the kernel computes the same products in fp32 (`EMULATE`).
 """
@@ -49,7 +50,7 @@ import triton.language as tl
 from qwick.kernels.elementwise import rms_norm_tail, store_half_pairs
 from qwick.kernels.gemv import GemvWorkspace, gated_store
 from qwick.kernels.half2 import EMULATE, split4, sum_halves_asm
-from qwick.kernels.pdl import pdl_supported, pdl_wait
+from qwick.kernels.pdl import pdl_supported, pdl_trigger, pdl_wait
 from qwick.kernels.row_gemv import (
     RowGemvConfig,
     _check_workspace,
@@ -259,6 +260,7 @@ def _w4_half2_kernel(
     NORM_TAIL: tl.constexpr,
     NORM_BLOCK: tl.constexpr,
     PRELOAD: tl.constexpr,
+    TRIGGER: tl.constexpr,
 ):
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); tiles of BLOCK_W words of
     BLOCK_N rows, handled a quad of words (32 codes, inside one group) at a time. KW is a multiple of
@@ -273,32 +275,19 @@ def _w4_half2_kernel(
     quad = tl.arange(0, C) * 4
     rw = tl.arange(0, BLOCK_W)
     acc = tl.zeros((BLOCK_N, C), dtype=tl.float32)
-    if PRELOAD:
-        # Launched early (`qwick.kernels.pdl`): the split's tiles, at most two, and their scales are loaded
-        # while the kernel before still runs, then `pdl_wait`; x and every buffer after it. A tile past the
-        # split's end (or both, for a split without tiles) reads the last tile's x with its scales zeroed,
-        # so the sums are those of the loop below, in its order.
-        last = KW - BLOCK_W
-        ok_a = n_ok & (rn * 0 + j_start < j_end)
-        ok_b = n_ok & (rn * 0 + j_start + BLOCK_W < j_end)
-        ja = tl.minimum(j_start, last)
-        jb = tl.minimum(j_start + BLOCK_W, last)
-        words_a = tl.load(q_rows + (ja + rw)[None, :], mask=ok_a[:, None], other=0)
-        s_a, z_a = _tile_scales(s_rows, z_rows, ja, ok_a, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
-        words_b = tl.load(q_rows + (jb + rw)[None, :], mask=ok_b[:, None], other=0)
-        s_b, z_b = _tile_scales(s_rows, z_rows, jb, ok_b, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
-        if not EMULATE:
-            pdl_wait()
-        acc += s_a * _tile_part(words_a, x_ptr, ja, quad, z_a, XPAIRS, DOT4, EMULATE)
-        acc += s_b * _tile_part(words_b, x_ptr, jb, quad, z_b, XPAIRS, DOT4, EMULATE)
-    elif PREFETCH:
+    if TRIGGER and not EMULATE:  # the next kernel may launch now (`qwick.kernels.pdl`)
+        pdl_trigger()
+    if PREFETCH:
         # Two tiles in flight, A and B alternating: each is loaded (codes, scales, zero points) before the
         # other's arithmetic. (A single carried prefetch is sunk by ptxas to the loop's end, where it
         # overlaps nothing.) Past the split's end B is the last tile again, with its scales zeroed.
+        # PRELOAD: the first A tile is loaded before `pdl_wait`.
         work = n_ok & (rn * 0 + j_start < j_end)  # no load for a split without tiles
         last = j_end - BLOCK_W
         words_a = tl.load(q_rows + (j_start + rw)[None, :], mask=work[:, None], other=0)
         s_a, z_a = _tile_scales(s_rows, z_rows, j_start, work, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
+        if PRELOAD and not EMULATE:
+            pdl_wait()
         for j in tl.range(j_start, j_end, 2 * BLOCK_W):
             jb = tl.minimum(j + BLOCK_W, last)
             words_b = tl.load(q_rows + (jb + rw)[None, :], mask=n_ok[:, None], other=0)
@@ -310,7 +299,27 @@ def _w4_half2_kernel(
             s_a, z_a = _tile_scales(s_rows, z_rows, ja, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
             acc += s_b * _tile_part(words_b, x_ptr, jb, quad, z_b, XPAIRS, DOT4, EMULATE)
     else:
-        for j in tl.range(j_start, j_end, BLOCK_W):
+        j_loop = j_start
+        if PRELOAD:
+            # Launched early (`qwick.kernels.pdl`): the split's first two tiles and their scales are loaded
+            # while the kernel before still runs, then `pdl_wait`; x and every buffer after it, and the
+            # loop for the rest. A tile past the split's end (or both, for a split without tiles) reads
+            # the last tile's x with its scales zeroed, so the sums are the loop's, in its order.
+            last = KW - BLOCK_W
+            ok_a = n_ok & (rn * 0 + j_start < j_end)
+            ok_b = n_ok & (rn * 0 + j_start + BLOCK_W < j_end)
+            ja = tl.minimum(j_start, last)
+            jb = tl.minimum(j_start + BLOCK_W, last)
+            words_a = tl.load(q_rows + (ja + rw)[None, :], mask=ok_a[:, None], other=0)
+            s_a, z_a = _tile_scales(s_rows, z_rows, ja, ok_a, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
+            words_b = tl.load(q_rows + (jb + rw)[None, :], mask=ok_b[:, None], other=0)
+            s_b, z_b = _tile_scales(s_rows, z_rows, jb, ok_b, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
+            if not EMULATE:
+                pdl_wait()
+            acc += s_a * _tile_part(words_a, x_ptr, ja, quad, z_a, XPAIRS, DOT4, EMULATE)
+            acc += s_b * _tile_part(words_b, x_ptr, jb, quad, z_b, XPAIRS, DOT4, EMULATE)
+            j_loop = j_start + 2 * BLOCK_W
+        for j in tl.range(j_loop, j_end, BLOCK_W):
             words = tl.load(q_rows + (j + rw)[None, :], mask=n_ok[:, None], other=0)
             s, z = _tile_scales(s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
             acc += s * _tile_part(words, x_ptr, j, quad, z, XPAIRS, DOT4, EMULATE)
@@ -403,14 +412,18 @@ def w4_half2_gemv(
     config: RowGemvConfig | None = None,
     pairs: torch.Tensor | None = None,
     preload: bool = False,
+    trigger: bool = False,
 ) -> torch.Tensor:
     """`x @ W.T + bias` for one row x [1, K] of bf16/fp16 activations and an int4 `QuantizedWeight`
     (`w4_half2_supported`), in f16x2 arithmetic (see the module docstring). `pairs`: x's `HalfPairs`
     operand (int32 [1, K / 2], `X_DIV`), read instead of x (weights without an act-order permutation).
-    `preload`: where each split holds at most two tiles (`preload_fits`), its programs load their weights
-    before they wait for the kernel before, and the launch is a programmatic dependent one where the
-    device has it (`qwick.kernels.pdl`); the same sums either way."""
-    return _launch(x, weight, bias, ws, config, pairs, gated=False, out_pairs=None, preload=preload)
+    `preload`: its programs load their split's first two tiles (one with the prefetch) before they wait
+    for the kernel before, and the launch is a programmatic dependent one where the device has it
+    (`qwick.kernels.pdl`); `trigger`: the next kernel may launch at this one's start. The same sums either
+    way."""
+    return _launch(
+        x, weight, bias, ws, config, pairs, gated=False, out_pairs=None, preload=preload, trigger=trigger
+    )
 
 
 def normed_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig | None:
@@ -435,13 +448,14 @@ def w4_half2_normed(
     config: RowGemvConfig | None = None,
     pairs: torch.Tensor | None = None,
     preload: bool = False,
+    trigger: bool = False,
 ) -> torch.Tensor | PairedRows:
     """`norm` (residual add + RMSNorm, `NormAfter`) of `x @ W.T + bias` in the GEMV's own launch: its last
     program to finish normalizes the row (`rms_norm_tail`), so the norm needs no launch of its own.
     `norm.residual` [1, N] is updated in place; the result is the normalized row, with its `HalfPairs` (a
     `PairedRows`) if `norm.quant` asks for them (codes are not written here). The same values as
     `rms_norm(w4_half2_gemv(...), ...)` up to the order of the row's sum of squares. `config` (default
-    `normed_half2_config`), `pairs` and `preload` as in `w4_half2_gemv`."""
+    `normed_half2_config`), `pairs`, `preload` and `trigger` as in `w4_half2_gemv`."""
     n = weight.shape[0]
     cfg = config or normed_half2_config(n, weight.shape[1] // 8, ws.num_sms)
     if cfg is None or norm.residual.shape != (1, n) or not norm.residual.is_contiguous():
@@ -451,13 +465,13 @@ def w4_half2_normed(
     if norm.quant is not None and not isinstance(norm.quant, HalfPairs):
         raise ValueError(f"the norm tail writes HalfPairs or nothing, not {norm.quant}")
     return _launch(
-        x, weight, bias, ws, cfg, pairs, gated=False, out_pairs=norm.quant, norm=norm, preload=preload
+        x, weight, bias, ws, cfg, pairs, False, norm.quant, norm=norm, preload=preload, trigger=trigger
     )
 
 
 def preload_fits(cfg: RowGemvConfig, kw: int) -> bool:
     """Whether `cfg`'s splits of a row of kw words hold at most two tiles each, and it neither prefetches
-    nor pipelines: then its programs can load all their weights before they wait (`preload`)."""
+    nor pipelines: then `preload` loads all of its weights before the wait."""
     per_split = triton.cdiv(triton.cdiv(kw, cfg.split_k), cfg.block_k)
     return per_split <= 2 and not cfg.prefetch and cfg.loop_stages == 1
 
@@ -478,12 +492,15 @@ def w4_half2_gated(
     config: RowGemvConfig | None = None,
     pairs: torch.Tensor | None = None,
     out_pairs: HalfPairs | None = None,
+    preload: bool = False,
+    trigger: bool = False,
 ) -> torch.Tensor | PairedRows:
     """silu(gate) * up for one row x [1, K] and a [gate | up] int4 weight [2I, K] (the packed gate/up
     projection), in the GEMV's own launch: each tile holds gate rows and the up rows of the same outputs,
     so SiLU-and-mul needs no launch of its own. The same bits as `silu_and_mul(w4_half2_gemv(...))`.
-    `config` (one split; default `gated_half2_config`) and `pairs` as in `w4_half2_gemv`; `out_pairs`: the
-    output's `HalfPairs` too (a `PairedRows`), as `silu_and_mul` writes them for the down projection."""
+    `config` (one split; default `gated_half2_config`), `pairs`, `preload` and `trigger` as in
+    `w4_half2_gemv`; `out_pairs`: the output's `HalfPairs` too (a `PairedRows`), as `silu_and_mul` writes
+    them for the down projection."""
     n, k = weight.shape
     cfg = config or gated_half2_config(n, k // 8, ws.num_sms)
     if cfg is None or cfg.split_k != 1 or cfg.block_n % 16 or n % 16:
@@ -491,7 +508,7 @@ def w4_half2_gated(
             f"w4_half2_gated needs one split, tiles of 16k rows and an even [gate | up] weight of 16k rows, "
             f"got {cfg} for N={n}"
         )
-    return _launch(x, weight, bias, ws, cfg, pairs, gated=True, out_pairs=out_pairs)
+    return _launch(x, weight, bias, ws, cfg, pairs, True, out_pairs, preload=preload, trigger=trigger)
 
 
 def _launch(
@@ -505,6 +522,7 @@ def _launch(
     out_pairs: HalfPairs | None,
     norm: NormAfter | None = None,
     preload: bool = False,
+    trigger: bool = False,
 ) -> torch.Tensor | PairedRows:
     n, k = weight.shape
     if x.shape != (1, k) or not w4_half2_supported(weight, x):
@@ -525,7 +543,6 @@ def _launch(
     if kw % cfg.block_k or cfg.block_k % 4 or (cfg.block_k % group_words and group_words % cfg.block_k):
         raise ValueError(f"tiles of {cfg.block_k} words do not fit rows of {kw} in groups of {group_words}")
     tiles = _check_workspace(ws, n, cfg)
-    preload = preload and preload_fits(cfg, kw)
     y = torch.empty((1, n // 2 if gated else n), dtype=x_dtype, device=x.device)
     p = torch.empty((1, y.shape[1] // 2), dtype=torch.int32, device=x.device) if out_pairs is not None else y
     out = torch.empty_like(y) if norm is not None else y  # the normalized row (y is its input then)
@@ -559,6 +576,7 @@ def _launch(
         NORM_TAIL=norm is not None,
         NORM_BLOCK=triton.next_power_of_2(n) if norm is not None else 1,
         PRELOAD=preload,
+        TRIGGER=trigger and pdl_supported(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),

@@ -134,6 +134,13 @@ class PackedLinearMethod(LinearMethod):
     # for bit. H100, 7b shapes, batch 1: 451.6 and 452.2 decode tok/s against 442.7 and 442.7 with
     # QWICK_PDL=0, alternating in one call (+2.1%; 36th session).
     pdl_preload = True
+    # Off until timed (36th session, written after its device time): decode attention -> o -> gate/up ->
+    # down as one early-launched chain. `pdl_mlp`: the o GEMV lets the gate/up GEMV in at its start, which
+    # loads its first two tiles before it waits (o computes from the weights it preloaded, so HBM idles
+    # then). `pdl_down`: the gate/up GEMV lets the down GEMV in, which loads its first tile before it
+    # waits (the ramp of one under the drain of the other).
+    pdl_mlp = False
+    pdl_down = False
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
@@ -213,14 +220,25 @@ class PackedLinearMethod(LinearMethod):
 
         if not isinstance(x, PairedRows):
             return self.apply(layer, x.x)
-        weight, preload = self.quantized_weight(layer), self._preload(x.x)
-        return w4_half2_gemv(x.x, weight, layer.bias, self.workspace, pairs=x.pairs, preload=preload)
+        weight = self.quantized_weight(layer)
+        pdl = self._pdl(x.x, weight, "row")
+        return w4_half2_gemv(x.x, weight, layer.bias, self.workspace, pairs=x.pairs, **pdl)
 
-    def _preload(self, x: torch.Tensor) -> bool:
-        """Whether a one-row f16x2 GEMV of x launches early with its weights preloaded (`pdl_preload`)."""
+    def _pdl(self, x: torch.Tensor, weight: QuantizedWeight, role: str) -> dict[str, bool]:
+        """The `preload` and `trigger` of a one-row f16x2 launch (`pdl_preload`, `pdl_mlp`, `pdl_down`):
+        role "row" (the QKV and down projections), "normed" (o) or "gated" (gate/up)."""
         from qwick.kernels.pdl import pdl_supported
+        from qwick.kernels.row_gemv_half2 import default_half2_config, preload_fits
 
-        return self.pdl_preload and pdl_supported(x.device)
+        if not pdl_supported(x.device):
+            return {"preload": False, "trigger": False}
+        if role == "gated":
+            return {"preload": self.pdl_mlp, "trigger": self.pdl_down}
+        n, kw = weight.shape[0], weight.shape[1] // 8
+        whole = self.pdl_preload and preload_fits(default_half2_config(n, kw, self.workspace.num_sms), kw)
+        if role == "normed":
+            return {"preload": whole, "trigger": self.pdl_mlp}
+        return {"preload": whole or self.pdl_down, "trigger": False}
 
     def _fused_row(
         self,
@@ -262,9 +280,8 @@ class PackedLinearMethod(LinearMethod):
         from qwick.kernels.row_gemv_half2 import w4_half2_normed
 
         rows, pairs, weight, cfg = fused
-        return w4_half2_normed(
-            rows, weight, layer.bias, self.workspace, norm, cfg, pairs=pairs, preload=self._preload(rows)
-        )
+        pdl = self._pdl(rows, weight, "normed")
+        return w4_half2_normed(rows, weight, layer.bias, self.workspace, norm, cfg, pairs=pairs, **pdl)
 
     def apply_gated(
         self, layer: Linear, x: torch.Tensor | PairedRows, quant: HalfPairs | None
@@ -277,7 +294,8 @@ class PackedLinearMethod(LinearMethod):
         from qwick.kernels.row_gemv_half2 import w4_half2_gated
 
         rows, pairs, weight, cfg = fused
-        return w4_half2_gated(rows, weight, layer.bias, self.workspace, cfg, pairs=pairs, out_pairs=quant)
+        pdl = self._pdl(rows, weight, "gated")
+        return w4_half2_gated(rows, weight, layer.bias, self.workspace, cfg, pairs, quant, **pdl)
 
     def _apply_cuda(self, layer: Linear, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
         """Batch 1: the CUDA-core GEMV; `tiled_min_m` to `tiled_max_m` rows (2-128; above 64 only large
@@ -292,7 +310,7 @@ class PackedLinearMethod(LinearMethod):
         m = x.shape[0]
         fast = w4_row_supported(weight)
         if m == 1 and self.decode_half2 and w4_half2_supported(weight, x):
-            return w4_half2_gemv(x, weight, layer.bias, self.workspace, preload=self._preload(x))
+            return w4_half2_gemv(x, weight, layer.bias, self.workspace, **self._pdl(x, weight, "row"))
         if m == 1 and fast:
             return w4_row_gemv(x, weight, layer.bias, self.workspace)
         tiled = fast and self.tiled_min_m <= m <= self.tiled_max_m

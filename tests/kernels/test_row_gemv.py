@@ -367,9 +367,10 @@ PRELOAD_SHAPES = [(96, 512), (40, 768)] if INTERPRET else [(4608, 3584), (3584, 
 @pytest.mark.parametrize("n,k", PRELOAD_SHAPES)
 @pytest.mark.parametrize("paired", [False, True])
 def test_preloaded_gemv_is_the_loop_gemv(n, k, paired):
-    """`preload=True` (all of a split's tiles loaded before the wait, launched as a programmatic dependent
-    launch on a GPU that has it): the same bits as the tile loop, plain and with the norm in its tail, for
-    splits of two tiles, of one, and empty ones; a launch whose splits hold more tiles runs the loop."""
+    """`preload=True` (a split's first two tiles, or the prefetch's first, loaded before the wait; launched
+    as a programmatic dependent launch on a GPU that has it) and `trigger=True`: the same bits as the tile
+    loop, plain, with the norm in its tail and gated, for splits of two tiles, of one, of more (the loop
+    goes on after the two), empty ones, and with the prefetch."""
     from qwick.kernels.row_gemv import RowGemvConfig
     from qwick.kernels.row_gemv_half2 import (
         X_DIV,
@@ -377,6 +378,7 @@ def test_preloaded_gemv_is_the_loop_gemv(n, k, paired):
         half_pairs,
         preload_fits,
         tile_words_for,
+        w4_half2_gated,
         w4_half2_gemv,
         w4_half2_normed,
     )
@@ -394,24 +396,26 @@ def test_preloaded_gemv_is_the_loop_gemv(n, k, paired):
         RowGemvConfig(32, bw, tiles),  # one tile a split
         RowGemvConfig(64, bw, tiles + 1, num_warps=8),  # one tile a split and an empty split
         RowGemvConfig(16, 16, triton.cdiv(kw // 16, 2)),  # two 16-word tiles a split
-        RowGemvConfig(32, bw, 1),  # the whole row in one split: more than two tiles except at 64 words
+        RowGemvConfig(16, 8, 1),  # the whole row in one split: 8-12 tiles, or 56 at 7b
+        RowGemvConfig(32, 16, 5, prefetch=True),  # the prefetch, with an empty split at small K
+        RowGemvConfig(32, bw, 2, num_warps=2, prefetch=True),
     ]
-    fitting = 0
+    assert sum(preload_fits(cfg, kw) for cfg in cfgs) >= 4
     for cfg in cfgs:
-        if kw % cfg.block_k:
-            continue
-        fitting += preload_fits(cfg, kw)
+        early = {"preload": True, "trigger": True}
         x = (torch.randn(1, k, generator=gen) * 2).to(dev, act)
         pairs = half_pairs(x) if paired else None
         want = w4_half2_gemv(x, qw, b, ws, cfg, pairs=pairs)
-        assert torch.equal(w4_half2_gemv(x, qw, b, ws, cfg, pairs=pairs, preload=True), want), cfg
+        assert torch.equal(w4_half2_gemv(x, qw, b, ws, cfg, pairs=pairs, **early), want), cfg
         residual = (torch.randn(1, n, generator=gen) * 4).to(dev, act)
         res_a, res_b = residual.clone(), residual.clone()
         normed = w4_half2_normed(x, qw, b, ws, NormAfter(norm_w, 1e-6, res_a, HalfPairs(X_DIV)), cfg, pairs)
-        pre = w4_half2_normed(
-            x, qw, b, ws, NormAfter(norm_w, 1e-6, res_b, HalfPairs(X_DIV)), cfg, pairs, preload=True
-        )
+        norm_b = NormAfter(norm_w, 1e-6, res_b, HalfPairs(X_DIV))
+        pre = w4_half2_normed(x, qw, b, ws, norm_b, cfg, pairs, **early)
         assert torch.equal(res_a, res_b) and torch.equal(pre.x, normed.x), cfg
         assert torch.equal(pre.pairs, normed.pairs), cfg
-    assert fitting >= 4
+        if cfg.split_k == 1 and cfg.block_n % 16 == 0 and n % 16 == 0:  # a [gate | up] weight of n rows
+            gated = w4_half2_gated(x, qw, b, ws, cfg, pairs, HalfPairs(X_DIV))
+            pre = w4_half2_gated(x, qw, b, ws, cfg, pairs, HalfPairs(X_DIV), **early)
+            assert torch.equal(pre.x, gated.x) and torch.equal(pre.pairs, gated.pairs), cfg
     assert int(ws.counters.abs().sum()) == 0

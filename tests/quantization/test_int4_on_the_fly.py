@@ -388,6 +388,33 @@ def test_pdl_preload_gives_the_same_tokens(tmp_path, monkeypatch):
     assert (hidden, hidden) in shapes and any(n > hidden and k == hidden for n, k in shapes)  # o, qkv
 
 
+@pytest.mark.gpu
+def test_pdl_mlp_chain_gives_the_same_tokens(tmp_path, monkeypatch):
+    """`pdl_mlp` and `pdl_down` on (off by default): the o GEMV lets the gate/up GEMV in at its start, which
+    lets the down GEMV in, each loading its first tiles before it waits; the same greedy tokens as without
+    (CUDA graphs on), and the gate/up and down launches did preload."""
+    from qwick.kernels import row_gemv_half2 as h
+
+    launches = []
+    real = h._launch
+
+    def spy(x, weight, bias, ws, config, pairs, gated, *args, preload=False, trigger=False, **kwargs):
+        launches.append((tuple(weight.shape), gated, preload, trigger))
+        early = {"preload": preload, "trigger": trigger}
+        return real(x, weight, bias, ws, config, pairs, gated, *args, **early, **kwargs)
+
+    monkeypatch.setattr(h, "_launch", spy)
+    monkeypatch.setattr(
+        h, "gated_half2_config", lambda n, kw, sms: h.RowGemvConfig(32, h.tile_words_for(kw), 1)
+    )
+    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_down", True)
+    off, on = _decode_with_and_without(tmp_path, monkeypatch, "pdl_mlp")
+    assert off.token_ids == on.token_ids
+    hidden, inter = QUANTIZABLE_DIMS["hidden_size"], QUANTIZABLE_DIMS["intermediate_size"]
+    assert ((2 * inter, hidden), True, True, True) in launches  # gate/up: early, lets down in
+    assert ((hidden, inter), False, True, False) in launches  # down: early
+
+
 def test_gated_decode_stays_off_the_cpu(monkeypatch):
     """`gated_decode` on: a CPU row (and a layer that is not [gate | up]) is not gated, so the MLP runs its
     matmul and SiLU-and-mul apart, as before."""
