@@ -44,6 +44,9 @@
 #   bash benchmarks/gpu_session.sh pdlmlp    # the MLP's GEMVs launched early too (`pdl_mlp`: o lets gate/up
 #                                            # in; `pdl_down`: gate/up lets down in; both off): tests,
 #                                            # int4 batch 1 with neither / mlp / both
+#   bash benchmarks/gpu_session.sh fp8pdl    # the fp8 o row GEMV launched early after attention, its
+#                                            # first tiles preloaded (`pdl_preload`, off): tests, fp8
+#                                            # batch 1 with it and without, greedy
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #   bash benchmarks/gpu_session.sh int4shapes  # int4 batch 1 with the two per-shape launches (o 64 rows x
 #                                            # 8 warps, down 2 warps with the prefetch; the default since
@@ -929,11 +932,23 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --outp
       done
     done
     ;;
+  fp8pdl)  # the fp8 o projection's row GEMV launched early after decode attention, its first two tiles
+    # preloaded (`W8A8LinearMethod.pdl_preload`, off): its kernel tests, fp8 batch 1 with it and
+    # without, alternating, the fp8 greedy check with it
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv_w8.py 2>&1 | tail -2
+    ON="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.pdl_preload = True
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    alternate b1_fp8_plain b1_fp8_pdl "$ON" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization fp8
+    REF32=0 python -c "from qwick.quantization.w8a8 import W8A8LinearMethod as M
+M.pdl_preload = True
+import runpy, sys; sys.argv = ['greedy_vs_transformers.py', 'fp8']
+runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&1 | grep "prompt " | head -3
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|fp8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 
 from qwick.kernels.gemv import GemvWorkspace, split_k_for
+from qwick.kernels.half2 import _EMULATE
+from qwick.kernels.pdl import pdl_supported, pdl_wait
 from qwick.kernels.row_gemv import RowGemvConfig, _check_workspace, _row_epilogue
 
 CODE_DTYPES = (torch.float8_e4m3fn, torch.int8)
@@ -42,9 +44,11 @@ def _w8_row_kernel(
     PREFETCH: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
     """y[0, n] = s[n] * sum_k w[n, k] * x[0, k] (+ b[n]); K is a multiple of BLOCK_K, so only rows are
-    masked."""
+    masked. PRELOAD (launched early, `qwick.kernels.pdl`; not with PREFETCH): the split's first two tiles
+    are loaded before `pdl_wait`, the loop does the rest, in the same order."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -55,10 +59,23 @@ def _w8_row_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    k_loop = k_start
+    if PRELOAD:  # codes past the split's end are zeros, against x clamped into the row
+        t0 = k_start + rk
+        t1 = k_start + BLOCK_K + rk
+        w0 = tl.load(w_rows + t0[None, :], mask=n_ok[:, None] & (t0 < k_end)[None, :], other=0.0)
+        w1 = tl.load(w_rows + t1[None, :], mask=n_ok[:, None] & (t1 < k_end)[None, :], other=0.0)
+        if not _EMULATE:
+            pdl_wait()
+        x0 = tl.load(x_ptr + tl.minimum(k_start, K - BLOCK_K) + rk).to(tl.float32)
+        acc += w0.to(tl.float32) * x0[None, :]
+        x1 = tl.load(x_ptr + tl.minimum(k_start + BLOCK_K, K - BLOCK_K) + rk).to(tl.float32)
+        acc += w1.to(tl.float32) * x1[None, :]
+        k_loop = k_start + 2 * BLOCK_K
     if PREFETCH:  # the next tile's load is issued before this tile's arithmetic: twice the bytes in flight
         first = k_start + rk
         w = tl.load(w_rows + first[None, :], mask=n_ok[:, None] & (first < k_end)[None, :], other=0.0)
-    for k in range(k_start, k_end, BLOCK_K):
+    for k in range(k_loop, k_end, BLOCK_K):
         x = tl.load(x_ptr + k + rk).to(tl.float32)
         if PREFETCH:
             nxt = k + BLOCK_K + rk
@@ -96,9 +113,13 @@ def w8_row_gemv(
     bias: torch.Tensor | None,
     ws: GemvWorkspace,
     config: RowGemvConfig | None = None,
+    preload: bool = False,
 ) -> torch.Tensor:
     """`(x @ codes.T) * scale + bias` for one row x [1, K] (bf16/fp16/fp32) and 8-bit codes [N, K] (fp8 e4m3
-    or int8, rows contiguous), `scale` fp32 with one value per output channel ([N] or [N, 1])."""
+    or int8, rows contiguous), `scale` fp32 with one value per output channel ([N] or [N, 1]). `preload`
+    (a launch without the prefetch): each split's first two tiles are loaded before the kernel waits for
+    the one before it, launched early where the device has programmatic dependent launch
+    (`qwick.kernels.pdl`); the same sums."""
     n, k = codes.shape
     if x.shape != (1, k) or codes.stride(1) != 1:
         raise ValueError(f"w8_row_gemv needs x [1, {k}] and rows of contiguous codes, got x {tuple(x.shape)}")
@@ -112,6 +133,7 @@ def w8_row_gemv(
     tiles = _check_workspace(ws, n, cfg)
     x = x.contiguous()
     scale = scale.reshape(n)
+    preload = preload and not cfg.prefetch
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _w8_row_kernel[(tiles, cfg.split_k)](
         x,
@@ -129,7 +151,9 @@ def w8_row_gemv(
         PREFETCH=cfg.prefetch,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        PRELOAD=preload,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if preload and pdl_supported(x.device) else {}),
     )
     return y

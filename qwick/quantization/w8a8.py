@@ -157,6 +157,11 @@ class W8A8LinearMethod(LinearMethod):
     # it takes 7.6 against 8.8 us in CUDA graphs on the H200; int8 gained nothing there (7.9-8.4 against
     # 8.2), so int8 keeps the tensor cores (BENCHMARKS.md, 31st session). 0 turns it off.
     row_gemv_max_n = 16384
+    # Off until timed (36th session, written after its device time): that row GEMV (the o projection's,
+    # after decode attention, which lets it in at its start) launched early by programmatic dependent
+    # launch, each split's first two tiles loaded before it waits (`qwick.kernels.pdl`), as the int4 QKV
+    # and o GEMVs do (+2.1% at int4 batch 1 on an H100).
+    pdl_preload = False
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
@@ -438,9 +443,11 @@ class W8A8LinearMethod(LinearMethod):
             if codes is None and self._quantizes_decode_rows(n, k):
                 codes = self._quantize_x(x)
             if codes is None and self._row_gemv(x, n, k):
+                from qwick.kernels.pdl import pdl_supported
                 from qwick.kernels.row_gemv_w8 import w8_row_gemv
 
-                return w8_row_gemv(x, layer.weight, scale, layer.bias, self.workspace)
+                preload = self.pdl_preload and pdl_supported(x.device)
+                return w8_row_gemv(x, layer.weight, scale, layer.bias, self.workspace, preload=preload)
             if codes is None:
                 return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
             xq, xs = codes

@@ -3,7 +3,8 @@ for one fp8 decode row in `W8A8LinearMethod`: tests/kernels/test_w8a8_kernels.py
 tests/quantization/test_w8a8_layer.py).
 
 fp8 e4m3 and int8 codes, bias or none, split-K with a split that gets no tile of K (counters reset on a
-second call), the register prefetch, N not a multiple of the tile and K of 128-code tiles. With
+second call), the register prefetch, N not a multiple of the tile and K of 128-code tiles; launched early
+with its first tiles preloaded (`preload`), the same bits. With
 TRITON_INTERPRET=1 the kernel runs on the CPU at small shapes.
 """
 
@@ -60,6 +61,8 @@ def test_row_gemv_matches_float64(qdtype, bias, n, k):
             assert y.shape == (1, n) and y.dtype == x.dtype
             err = ((y.double().cpu() - ref).norm() / ref.norm()).item()
             assert err < 4e-3, (cfg, err)
+            # its first two tiles loaded before the wait (launched early on a GPU with PDL): the same bits
+            assert torch.equal(w8_row_gemv(x, codes, scale, b, ws, cfg, preload=True), y), cfg
 
 
 def test_row_gemv_rejects_what_it_cannot_take():
