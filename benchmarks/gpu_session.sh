@@ -47,6 +47,7 @@
 #   bash benchmarks/gpu_session.sh fp8pdl    # the fp8 o row GEMV launched early after attention, its
 #                                            # first tiles preloaded (`pdl_preload`, off): tests, fp8
 #                                            # batch 1 with it and without, greedy
+#   bash benchmarks/gpu_session.sh int8pdl   # int8's o on that early-launched row GEMV, against the default
 #   bash benchmarks/gpu_session.sh int4diag  # what limits the int4 GEMV: its tiling built up stage by stage
 #   bash benchmarks/gpu_session.sh int4shapes  # int4 batch 1 with the two per-shape launches (o 64 rows x
 #                                            # 8 warps, down 2 warps with the prefetch; the default since
@@ -944,11 +945,19 @@ M.pdl_preload = True
 import runpy, sys; sys.argv = ['greedy_vs_transformers.py', 'fp8']
 runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&1 | grep "prompt " | head -3
     ;;
+  int8pdl)  # int8's o projection on the same early-launched row GEMV (int8 keeps the tensor-core W8A16
+    # GEMV for o: the row GEMV alone gained 0.15% in the 32nd session) against the default, alternating
+    ON="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.pdl_preload = True
+M._row_gemv = lambda self, x, n, k: x.shape[0] == 1 and n < self.row_gemv_max_n and k <= self.decode_w8a8_max_k \
+    and k % 128 == 0
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    alternate b1_int8_plain b1_int8_pdl "$ON" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int8
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|fp8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac
