@@ -1,17 +1,20 @@
-"""Programmatic dependent launch (PDL, sm_90 and later) for the two batch-1 GEMVs that follow a kernel of a
-few programs: the int4 QKV projection after the input RMSNorm (one program) and the o projection after
-decode attention (one program per kv head).
+"""Programmatic dependent launch (PDL, sm_90 and later): a batch-1 GEMV that follows a kernel of a few
+programs starts while that kernel still runs. In the engine: the int4 QKV projection after the input
+RMSNorm (one program) and the int4 o projection after decode attention (one program per kv head); off
+until timed, the int4 MLP chain after o (`PackedLinearMethod.pdl_mlp`, `pdl_down`) and the fp8 o
+projection (`W8A8LinearMethod.pdl_preload`).
 
 While such a kernel runs, the rest of the GPU and its memory idle. Its successor, launched with
 `launch_pdl=True`, may start as soon as every program of the kernel before has called `pdl_trigger`. Its
-programs then load what no earlier kernel writes (their whole share of the weight, at most two tiles, see
-`row_gemv_half2`) and block in `pdl_wait` until the kernel before has ended and its writes are visible;
-the activations, scratch and outputs come after the wait, so the arithmetic is that of launches one after
-another. A kernel that triggers without a PDL successor changes nothing, so the triggers stay on.
+programs then load what no earlier kernel writes (their split's first weight tiles: all of them at the 7b
+QKV and o projections, see `row_gemv_half2.preload_fits`) and block in `pdl_wait` until the kernel before
+has ended and its writes are visible; the activations, scratch and outputs come after the wait, so the
+arithmetic is that of launches one after another. A kernel that triggers without a PDL successor changes
+nothing, so the norm's and attention's triggers stay on.
 
 An earlier attempt (25th session in BENCHMARKS.md) put every kernel of the chain under PDL and lost 4-5%:
-a GEMV's successor then floods in while the GEMV itself still has programs to place. Here the kernels
-before hold 1-4 programs.
+a GEMV's successor then floods in while the GEMV itself still has programs to place. The kernels that
+trigger by default here hold 1-4 programs.
 
 `pdl_supported(device)`: CUDA devices of compute capability 9.0+, never under Triton's interpreter (which
 runs no PTX), and not with `QWICK_PDL=0` (read once, at import: the A/B switch of the benchmarks).

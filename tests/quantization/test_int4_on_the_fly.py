@@ -415,6 +415,34 @@ def test_pdl_mlp_chain_gives_the_same_tokens(tmp_path, monkeypatch):
     assert ((hidden, inter), False, True, False) in launches  # down: early
 
 
+def test_pdl_roles_at_7b_shapes(monkeypatch):
+    """`PackedLinearMethod._pdl` on a device with PDL: by default the QKV and o projections (at most two tiles
+    a split) preload and nothing triggers; gate/up and down launch as before. `pdl_mlp` makes o trigger and
+    gate/up preload; `pdl_down` makes gate/up trigger and down preload. Never without PDL."""
+    from types import SimpleNamespace
+
+    import qwick.kernels.pdl as pdl
+
+    method = Int4Config().linear_method("model.layers.0.self_attn.o_proj", ["x"])
+    method.workspace = SimpleNamespace(num_sms=132)
+    x = torch.zeros(1, 1)
+    shapes = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)]
+    qkv, o, gate_up, down = (SimpleNamespace(shape=s) for s in shapes)
+
+    def roles() -> list[tuple[bool, bool]]:
+        got = [method._pdl(x, qkv, "row"), method._pdl(x, o, "normed"), method._pdl(x, gate_up, "gated")]
+        got.append(method._pdl(x, down, "row"))
+        return [(r["preload"], r["trigger"]) for r in got]
+
+    assert roles() == [(False, False)] * 4  # a CPU row: no PDL
+    monkeypatch.setattr(pdl, "pdl_supported", lambda device: True)
+    assert roles() == [(True, False), (True, False), (False, False), (False, False)]
+    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_mlp", True)
+    assert roles() == [(True, False), (True, True), (True, False), (False, False)]
+    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_down", True)
+    assert roles() == [(True, False), (True, True), (True, True), (True, False)]
+
+
 def test_gated_decode_stays_off_the_cpu(monkeypatch):
     """`gated_decode` on: a CPU row (and a layer that is not [gate | up]) is not gated, so the MLP runs its
     matmul and SiLU-and-mul apart, as before."""
