@@ -918,32 +918,35 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py tests/models 2>&1 | tail -2
     ;;
   pdlmlp)  # the early-launched MLP chain (36th session, off): o lets gate/up in (`pdl_mlp`), gate/up lets
-    # down in (`pdl_down`); its tests, then int4 batch 1 with neither / mlp / both, round-robin
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv.py \
-      tests/quantization/test_int4_on_the_fly.py -k "preload or pdl" 2>&1 | tail -3
+    # down in (`pdl_down`): int4 batch 1 with the default (none), QWICK_PDL=0 (off), mlp and both,
+    # round-robin (VARIANTS), then the tests
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     for i in ${REPS_LIST:-1 2}; do
-      for v in ${VARIANTS:-none mlp both}; do
-        M=False; D=False
+      for v in ${VARIANTS:-none off mlp both}; do
+        M=False; D=False; PDL=1
         [ $v = mlp ] || [ $v = both ] && M=True
         [ $v = both ] && D=True
-        run b1_int4_pdl${v}_$i python -c "import sys; from qwick.quantization.int4 import PackedLinearMethod as P
+        [ $v = off ] && PDL=0
+        run b1_int4_pdl${v}_$i env QWICK_PDL=$PDL python -c "import sys; from qwick.quantization.int4 import PackedLinearMethod as P
 P.pdl_mlp = $M; P.pdl_down = $D
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --output-json "$OUT/b1_int4_pdl${v}_$i.json"
       done
     done
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_row_gemv.py \
+      tests/quantization/test_int4_on_the_fly.py -k "preload or pdl" 2>&1 | tail -3
     ;;
   fp8pdl)  # the fp8 o projection's row GEMV launched early after decode attention, its first two tiles
-    # preloaded (`W8A8LinearMethod.pdl_preload`, off): its kernel tests, fp8 batch 1 with it and
-    # without, alternating, the fp8 greedy check with it
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv_w8.py 2>&1 | tail -2
+    # preloaded (`W8A8LinearMethod.pdl_preload`, off): fp8 batch 1 with it and without, alternating
+    # (FP8PDL_AB_ONLY=1: that alone), the fp8 greedy check with it, its kernel tests
     ON="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.pdl_preload = True
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     alternate b1_fp8_plain b1_fp8_pdl "$ON" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization fp8
+    [ "${FP8PDL_AB_ONLY:-0}" = 1 ] && exit 0
     REF32=0 python -c "from qwick.quantization.w8a8 import W8A8LinearMethod as M
 M.pdl_preload = True
 import runpy, sys; sys.argv = ['greedy_vs_transformers.py', 'fp8']
 runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&1 | grep "prompt " | head -3
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv_w8.py 2>&1 | tail -2
     ;;
   int8pdl)  # int8's o projection on the same early-launched row GEMV (int8 keeps the tensor-core W8A16
     # GEMV for o: the row GEMV alone gained 0.15% in the 32nd session) against the default, alternating

@@ -155,13 +155,16 @@ class W8A8LinearMethod(LinearMethod):
     # One fp8 decode row without codes (the o projection's) in a layer narrower than this: the CUDA-core
     # row GEMV (`qwick.kernels.row_gemv_w8`) instead of the tensor-core W8A16 one. At the 7b o projection
     # it takes 7.6 against 8.8 us in CUDA graphs on the H200; int8 gained nothing there (7.9-8.4 against
-    # 8.2), so int8 keeps the tensor cores (BENCHMARKS.md, 31st session). 0 turns it off.
+    # 8.2), so int8 takes it only where it launches early (`pdl_preload`; BENCHMARKS.md, 31st and 37th
+    # sessions). 0 turns it off.
     row_gemv_max_n = 16384
-    # Off until timed (36th session, written after its device time): that row GEMV (the o projection's,
-    # after decode attention, which lets it in at its start) launched early by programmatic dependent
-    # launch, each split's first two tiles loaded before it waits (`qwick.kernels.pdl`), as the int4 QKV
-    # and o GEMVs do (+2.1% at int4 batch 1 on an H100).
-    pdl_preload = False
+    # That row GEMV (the o projection's, after decode attention, which lets it in at its start) launched
+    # early by programmatic dependent launch, each split's first two tiles loaded before it waits
+    # (`qwick.kernels.pdl`), as the int4 QKV and o GEMVs do; the same sums, so the same tokens. H100, 7b
+    # shapes, batch 1: fp8 301.8 and 301.0 decode tok/s against 298.6 and 298.7 (+0.9%); int8 with its
+    # o on the early row GEMV 299.7 and 299.5 against 298.2 and 298.2 on the tensor-core GEMV (+0.5%),
+    # alternating in one call (37th session).
+    pdl_preload = True
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
@@ -352,11 +355,16 @@ class W8A8LinearMethod(LinearMethod):
         return self.decode_w8a8 and self.quantize_activations and wide
 
     def _row_gemv(self, x: torch.Tensor, n: int, k: int) -> bool:
-        """One skinny fp8 row multiplied as it is (W8A16) in a layer narrower than `row_gemv_max_n`, with a
-        K of at most `decode_w8a8_max_k` (the shapes measured) that the row GEMV's tiles divide."""
-        if x.shape[0] != 1 or self.qdtype != FP8_DTYPE or n >= self.row_gemv_max_n:
+        """One skinny row multiplied as it is (W8A16) in a layer narrower than `row_gemv_max_n`, with a K of
+        at most `decode_w8a8_max_k` (the shapes measured) that the row GEMV's tiles divide: fp8 codes, or
+        int8 ones where the GEMV launches early (`pdl_preload`)."""
+        if x.shape[0] != 1 or n >= self.row_gemv_max_n:
             return False
+        from qwick.kernels.pdl import pdl_supported
         from qwick.kernels.row_gemv_w8 import w8_row_block_k  # Triton: imported only where it runs
+
+        if self.qdtype != FP8_DTYPE and not (self.pdl_preload and pdl_supported(x.device)):
+            return False
 
         return k <= self.decode_w8a8_max_k and w8_row_block_k(k) is not None
 

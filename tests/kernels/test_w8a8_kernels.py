@@ -124,24 +124,30 @@ def test_gpu_decode_sizes_with_codes_are_w8a8(mode, n, k, m, monkeypatch):
     assert ((y.double() - w8a16).norm() / w8a16.norm()).item() > 1e-3  # really the codes, not x
 
 
+@pytest.mark.parametrize("early", [True, False])
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
-def test_gpu_one_o_projection_row_takes_the_row_gemv_in_fp8(mode, monkeypatch):
+def test_gpu_one_o_projection_row_takes_the_row_gemv(mode, early, monkeypatch):
     """One decode row without codes at qwen2.5-7b's o projection: fp8 through the CUDA-core row GEMV
-    (`qwick.kernels.row_gemv_w8`), int8 through the tensor-core W8A16 GEMV; both compute W8A16's function."""
+    (`qwick.kernels.row_gemv_w8`), int8 too where it launches early (`pdl_preload` on a GPU with PDL),
+    else through the tensor-core W8A16 GEMV; all compute W8A16's function."""
     import qwick.kernels.row_gemv_w8 as row_gemv_w8
+    from qwick.kernels.pdl import pdl_supported
 
     device = _cuda()
     calls = []
     real = row_gemv_w8.w8_row_gemv
-    monkeypatch.setattr(row_gemv_w8, "w8_row_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    spy = lambda *a, **kw: calls.append(kw["preload"]) or real(*a, **kw)  # noqa: E731
+    monkeypatch.setattr(row_gemv_w8, "w8_row_gemv", spy)
     layer = _layer(mode, 3584, 3584, device)
+    monkeypatch.setattr(layer.method, "pdl_preload", early)
     x = torch.randn(1, 3584, device=device, generator=torch.Generator(device=device).manual_seed(1))
     x = (x * torch.linspace(0.1, 3, 3584, device=device)).to(torch.bfloat16)
     y = layer(x)
     ref = x.double() @ layer.method.dense_weight(layer).double().T + layer.bias.double()
     assert y.dtype == torch.bfloat16 and y.shape == (1, 3584)
     assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
-    assert calls == ([1] if mode == "fp8" else [])
+    pdl = early and pdl_supported(device)
+    assert calls == ([pdl] if mode == "fp8" or pdl else [])
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
