@@ -1,8 +1,8 @@
 """Programmatic dependent launch (PDL, sm_90 and later): a batch-1 GEMV that follows a kernel of a few
 programs starts while that kernel still runs. In the engine: the int4 QKV projection after the input
-RMSNorm (one program) and the int4 o projection after decode attention (one program per kv head); off
-until timed, the int4 MLP chain after o (`PackedLinearMethod.pdl_mlp`, `pdl_down`) and the fp8 o
-projection (`W8A8LinearMethod.pdl_preload`).
+RMSNorm (one program), and the int4, fp8 and int8 o projections after decode attention (one program per
+kv head; `PackedLinearMethod.pdl_preload`, `W8A8LinearMethod.pdl_preload`). The int4 MLP chain after o
+(`PackedLinearMethod.pdl_mlp`, `pdl_down`) can launch early too, but stays off: it lost 5-6%.
 
 While such a kernel runs, the rest of the GPU and its memory idle. Its successor, launched with
 `launch_pdl=True`, may start as soon as every program of the kernel before has called `pdl_trigger`. Its
@@ -14,7 +14,8 @@ nothing, so the norm's and attention's triggers stay on.
 
 An earlier attempt (25th session in BENCHMARKS.md) put every kernel of the chain under PDL and lost 4-5%:
 a GEMV's successor then floods in while the GEMV itself still has programs to place. The kernels that
-trigger by default here hold 1-4 programs.
+trigger by default here hold 1-4 programs (the 37th session's MLP chain, where o lets gate/up in, lost
+5-6% the same way).
 
 `pdl_supported(device)`: CUDA devices of compute capability 9.0+, never under Triton's interpreter (which
 runs no PTX), and not with `QWICK_PDL=0` (read once, at import: the A/B switch of the benchmarks).

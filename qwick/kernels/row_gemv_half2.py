@@ -36,7 +36,8 @@ A launch can start before the kernel before it has ended (programmatic dependent
 `qwick.kernels.pdl`): with `preload` its programs load their split's first tiles (all of them where a split
 holds at most two, `preload_fits`: the 7b QKV and o projections) before they wait for that kernel; with
 `trigger` it lets the next kernel in at its start. In the engine the QKV and o GEMVs preload after the
-one-program RMSNorm and decode attention (36th session: +2.1% at batch-1 int4 on an H100).
+one-program RMSNorm and decode attention (+2.1% and +1.8% at batch-1 int4 on an H100 in the 36th and 37th
+sessions; the triggering MLP chain after them lost 5-6%).
 
 Under Triton's interpreter, which runs no PTX, the kernel computes the same products in fp32 (`EMULATE`).
 """

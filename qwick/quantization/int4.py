@@ -132,13 +132,15 @@ class PackedLinearMethod(LinearMethod):
     # (`qwick.kernels.pdl`), on GPUs that have it: the QKV projection while the input RMSNorm runs (one
     # program), the o projection while decode attention runs (one program per kv head). The same sums bit
     # for bit. H100, 7b shapes, batch 1: 451.6 and 452.2 decode tok/s against 442.7 and 442.7 with
-    # QWICK_PDL=0, alternating in one call (+2.1%; 36th session).
+    # QWICK_PDL=0, alternating in one call (+2.1%; 36th session); 452.0 and 451.7 against 443.9 and 443.6
+    # (+1.8%) in the 37th.
     pdl_preload = True
-    # Off until timed (36th session, written after its device time): decode attention -> o -> gate/up ->
-    # down as one early-launched chain. `pdl_mlp`: the o GEMV lets the gate/up GEMV in at its start, which
-    # loads its first two tiles before it waits (o computes from the weights it preloaded, so HBM idles
-    # then). `pdl_down`: the gate/up GEMV lets the down GEMV in, which loads its first tile before it
-    # waits (the ramp of one under the drain of the other).
+    # Off: decode attention -> o -> gate/up -> down as one early-launched chain. `pdl_mlp`: the o GEMV
+    # lets the gate/up GEMV in at its start, which loads its first two tiles before it waits. `pdl_down`:
+    # the gate/up GEMV lets the down GEMV in, which loads its first tile before it waits. H100, 7b shapes,
+    # batch 1: 423.9 and 423.2 decode tok/s with `pdl_mlp`, 427.6 and 427.2 with both, against 452.0 and
+    # 451.7 without (-6.2%, -5.5%; round-robin in one call, 37th session), likely as the early grid's waiting
+    # programs hold SM slots that the 448 programs of o still need (as in the 25th session's whole chain).
     pdl_mlp = False
     pdl_down = False
 
