@@ -41,9 +41,10 @@
 #                                            # the norm / attention before them runs (programmatic
 #                                            # dependent launch, `pdl_preload`, on): tests, the A/B
 #                                            # against QWICK_PDL=0, greedy, the graph tests
-#   bash benchmarks/gpu_session.sh pdlmlp    # the MLP's GEMVs launched early too (`pdl_mlp`: o lets gate/up
-#                                            # in; `pdl_down`: gate/up lets down in; both off): tests,
-#                                            # int4 batch 1 with neither / mlp / both
+#   bash benchmarks/gpu_session.sh pdlmlp    # the MLP's GEMVs and the next norm launched early too
+#                                            # (`pdl_mlp`: o lets gate/up in; `pdl_down`: gate/up lets
+#                                            # down in; `pdl_norm`: down lets the norm in; all off):
+#                                            # int4 batch 1 with none / PDL off / mlp / both / all, tests
 #   bash benchmarks/gpu_session.sh fp8pdl    # the fp8 o row GEMV launched early after attention, its
 #                                            # first tiles preloaded (`pdl_preload`, off): tests, fp8
 #                                            # batch 1 with it and without, greedy
@@ -917,18 +918,22 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     REF32=0 python benchmarks/greedy_vs_transformers.py int4 2>&1 | grep "prompt " | head -3
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py tests/models 2>&1 | tail -2
     ;;
-  pdlmlp)  # the early-launched MLP chain (36th session, off): o lets gate/up in (`pdl_mlp`), gate/up lets
-    # down in (`pdl_down`): int4 batch 1 with the default (none), QWICK_PDL=0 (off), mlp and both,
+  pdlmlp)  # the early-launched chain (off): o lets gate/up in (`pdl_mlp`), gate/up lets down in
+    # (`pdl_down`), down lets the next layer's input norm in (`pdl_norm` with `RMSNorm.pdl_early`), each
+    # GEMV once its programs are past their loops (37th session; at their start before): int4 batch 1
+    # with the default (none), QWICK_PDL=0 (off), mlp, both (mlp and down) and all (both and the norm),
     # round-robin (VARIANTS), then the tests
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     for i in ${REPS_LIST:-1 2}; do
-      for v in ${VARIANTS:-none off mlp both}; do
-        M=False; D=False; PDL=1
-        [ $v = mlp ] || [ $v = both ] && M=True
-        [ $v = both ] && D=True
+      for v in ${VARIANTS:-none off mlp both all}; do
+        M=False; D=False; N=False; PDL=1
+        [ $v = mlp ] || [ $v = both ] || [ $v = all ] && M=True
+        [ $v = both ] || [ $v = all ] && D=True
+        [ $v = all ] && N=True
         [ $v = off ] && PDL=0
         run b1_int4_pdl${v}_$i env QWICK_PDL=$PDL python -c "import sys; from qwick.quantization.int4 import PackedLinearMethod as P
-P.pdl_mlp = $M; P.pdl_down = $D
+from qwick.layers.norm import RMSNorm
+P.pdl_mlp = $M; P.pdl_down = $D; P.pdl_norm = $N; RMSNorm.pdl_early = $N
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --output-json "$OUT/b1_int4_pdl${v}_$i.json"
       done
     done

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from qwick.kernels.half2 import _EMULATE
-from qwick.kernels.pdl import pdl_supported, pdl_trigger
+from qwick.kernels.pdl import pdl_supported, pdl_trigger, pdl_wait
 from qwick.kernels.swiglu import silu_times
 from qwick.kernels.w8a8 import codes_of, inv_qmax
 from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
@@ -56,9 +56,12 @@ def _rms_norm_kernel(
     INV_DIV: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL_TRIGGER: tl.constexpr,
+    PDL_WAIT: tl.constexpr,
 ):
     if PDL_TRIGGER:  # the next kernel may launch now (qwick.kernels.pdl: the QKV GEMV's weights)
         pdl_trigger()
+    if PDL_WAIT:  # launched early: nothing is read before the kernel before has ended
+        pdl_wait()
     row = tl.program_id(0).to(tl.int64)
     rms_norm_row(
         x_ptr + row * stride_x,
@@ -232,9 +235,12 @@ def rms_norm(
     residual: torch.Tensor | None = None,
     quant: RowQuant | None = None,
     num_warps: int | None = None,
+    early: bool = False,
 ) -> torch.Tensor | QuantizedRows:
     """`norm(x)`; with `residual`: `norm(x + residual)`, and `residual` is overwritten with `x + residual`.
     With `quant`, also the output's per-row codes and scales (`QuantizedRows`), in the same pass.
+    `early`: launched by programmatic dependent launch where the device has it (`qwick.kernels.pdl`), so
+    it may start while a kernel before that lets it in still runs; it waits for that kernel to end first.
 
     x: [rows, N] with unit stride along N (row stride free); residual: [rows, N], updated in place.
     `num_warps` overrides the launch's (`_norm_warps`): one program per row, `N / 256` warps up to 8;
@@ -248,7 +254,7 @@ def rms_norm(
     if quant is not None and quant.group is not None:  # not written in this kernel: a launch of its own
         from qwick.kernels.w8a8 import quantize_rows
 
-        out = rms_norm(x, weight, eps, residual, num_warps=num_warps)
+        out = rms_norm(x, weight, eps, residual, num_warps=num_warps, early=early)
         codes, scales = quantize_rows(out, quant.dtype, quant.qmax, quant.min_amax, quant.group)
         return QuantizedRows(out, codes, scales, quant.group)
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
@@ -257,6 +263,7 @@ def rms_norm(
     if rows > 0:
         block = triton.next_power_of_2(n)
         res = residual if residual is not None else x
+        pdl = pdl_supported(x.device)
         _rms_norm_kernel[(rows,)](
             x,
             res,
@@ -275,10 +282,12 @@ def rms_norm(
             HAS_RESIDUAL=residual is not None,
             QUANT=quant is not None,
             BLOCK=block,
-            PDL_TRIGGER=pdl_supported(x.device),
+            PDL_TRIGGER=pdl,
+            PDL_WAIT=early and pdl,
             num_warps=num_warps or _norm_warps(block, rows, quant is not None),
             **meta,
             **pair_meta,
+            **({"launch_pdl": True} if early and pdl else {}),
         )
     if half_pairs is not None:
         return PairedRows(out, pairs)

@@ -35,9 +35,12 @@ the output, run by the launch's last program to finish (`elementwise.rms_norm_ta
 A launch can start before the kernel before it has ended (programmatic dependent launch,
 `qwick.kernels.pdl`): with `preload` its programs load their split's first tiles (all of them where a split
 holds at most two, `preload_fits`: the 7b QKV and o projections) before they wait for that kernel; with
-`trigger` it lets the next kernel in at its start. In the engine the QKV and o GEMVs preload after the
-one-program RMSNorm and decode attention (+2.1% and +1.8% at batch-1 int4 on an H100 in the 36th and 37th
-sessions; the triggering MLP chain after them lost 5-6%).
+`trigger` it lets the next kernel in once each of its programs is past its loop, with only the epilogues,
+the split-K sums and a norm tail left. In the engine the QKV and o GEMVs preload after the one-program
+RMSNorm and decode attention (+2.1% and +1.8% at batch-1 int4 on an H100 in the 36th and 37th sessions).
+The MLP chain after them (`PackedLinearMethod.pdl_mlp`, off) lost 5-6% with triggers at the launch's
+start, likely because the successor's waiting programs took SM slots the launch still needed; the late
+trigger is not timed yet.
 
 Under Triton's interpreter, which runs no PTX, the kernel computes the same products in fp32 (`EMULATE`).
 """
@@ -277,8 +280,6 @@ def _w4_half2_kernel(
     quad = tl.arange(0, C) * 4
     rw = tl.arange(0, BLOCK_W)
     acc = tl.zeros((BLOCK_N, C), dtype=tl.float32)
-    if TRIGGER and not EMULATE:  # the next kernel may launch now (`qwick.kernels.pdl`)
-        pdl_trigger()
     if PREFETCH:
         # Two tiles in flight, A and B alternating: each is loaded (codes, scales, zero points) before the
         # other's arithmetic. (A single carried prefetch is sunk by ptxas to the loop's end, where it
@@ -328,6 +329,8 @@ def _w4_half2_kernel(
                 words = tl.load(q_rows + (j + rw)[None, :], mask=n_ok[:, None], other=0)
                 s, z = _tile_scales(s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
                 acc += s * _tile_part(words, x_ptr, j, quad, z, XPAIRS, DOT4, EMULATE)
+    if TRIGGER and not EMULATE:  # the next kernel may launch once every program is past its loop
+        pdl_trigger()
     acc *= _X_DIV
     if GATED:
         _gated_epilogue(
@@ -424,8 +427,8 @@ def w4_half2_gemv(
     operand (int32 [1, K / 2], `X_DIV`), read instead of x (weights without an act-order permutation).
     `preload`: its programs load their split's first two tiles (one with the prefetch) before they wait
     for the kernel before, and the launch is a programmatic dependent one where the device has it
-    (`qwick.kernels.pdl`); `trigger`: the next kernel may launch at this one's start. The same sums either
-    way."""
+    (`qwick.kernels.pdl`); `trigger`: the next kernel may launch once this one's programs are past their
+    loops. The same sums either way."""
     return _launch(
         x, weight, bias, ws, config, pairs, gated=False, out_pairs=None, preload=preload, trigger=trigger
     )

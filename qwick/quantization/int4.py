@@ -136,13 +136,20 @@ class PackedLinearMethod(LinearMethod):
     # (+1.8%) in the 37th.
     pdl_preload = True
     # Off: decode attention -> o -> gate/up -> down as one early-launched chain. `pdl_mlp`: the o GEMV
-    # lets the gate/up GEMV in at its start, which loads its first two tiles before it waits. `pdl_down`:
-    # the gate/up GEMV lets the down GEMV in, which loads its first tile before it waits. H100, 7b shapes,
-    # batch 1: 423.9 and 423.2 decode tok/s with `pdl_mlp`, 427.6 and 427.2 with both, against 452.0 and
-    # 451.7 without (-6.2%, -5.5%; round-robin in one call, 37th session), likely as the early grid's waiting
-    # programs hold SM slots that the 448 programs of o still need (as in the 25th session's whole chain).
+    # lets the gate/up GEMV in, which loads its first two tiles before it waits. `pdl_down`: the gate/up
+    # GEMV lets the down GEMV in, which loads its first tile before it waits. With the trigger at each
+    # launch's start, H100, 7b shapes, batch 1: 423.9 and 423.2 decode tok/s with `pdl_mlp`, 427.6 and
+    # 427.2 with both, against 452.0 and 451.7 without (-6.2%, -5.5%; round-robin in one call, 37th
+    # session). gate/up's preload alone (o not letting it in) cost 0.2%, so the loss was the early
+    # launch, likely as the waiting programs took SM slots that o's 448 programs still needed. The trigger
+    # now comes after each program's loop (`row_gemv_half2`); not timed yet.
     pdl_mlp = False
     pdl_down = False
+    # Off until timed (37th session, written after its device time): the QKV and down GEMVs let the next
+    # kernel in once their programs are past their loops; after down that is the next layer's input norm
+    # where it launches early (`RMSNorm.pdl_early`), which then lets the QKV GEMV in (after QKV the RoPE
+    # and KV-write launch is not an early one, so its trigger changes nothing).
+    pdl_norm = False
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""
@@ -227,8 +234,8 @@ class PackedLinearMethod(LinearMethod):
         return w4_half2_gemv(x.x, weight, layer.bias, self.workspace, pairs=x.pairs, **pdl)
 
     def _pdl(self, x: torch.Tensor, weight: QuantizedWeight, role: str) -> dict[str, bool]:
-        """The `preload` and `trigger` of a one-row f16x2 launch (`pdl_preload`, `pdl_mlp`, `pdl_down`):
-        role "row" (the QKV and down projections), "normed" (o) or "gated" (gate/up)."""
+        """The `preload` and `trigger` of a one-row f16x2 launch (`pdl_preload`, `pdl_mlp`, `pdl_down`,
+        `pdl_norm`): role "row" (the QKV and down projections), "normed" (o) or "gated" (gate/up)."""
         from qwick.kernels.pdl import pdl_supported
         from qwick.kernels.row_gemv_half2 import default_half2_config, preload_fits
 
@@ -240,7 +247,7 @@ class PackedLinearMethod(LinearMethod):
         whole = self.pdl_preload and preload_fits(default_half2_config(n, kw, self.workspace.num_sms), kw)
         if role == "normed":
             return {"preload": whole, "trigger": self.pdl_mlp}
-        return {"preload": whole or self.pdl_down, "trigger": False}
+        return {"preload": whole or self.pdl_down, "trigger": self.pdl_norm}
 
     def _fused_row(
         self,

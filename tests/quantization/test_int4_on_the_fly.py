@@ -389,36 +389,48 @@ def test_pdl_preload_gives_the_same_tokens(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_pdl_mlp_chain_gives_the_same_tokens(tmp_path, monkeypatch):
-    """`pdl_mlp` and `pdl_down` on (off by default): the o GEMV lets the gate/up GEMV in at its start, which
-    lets the down GEMV in, each loading its first tiles before it waits; the same greedy tokens as without
-    (CUDA graphs on), and the gate/up and down launches did preload."""
+def test_pdl_chain_gives_the_same_tokens(tmp_path, monkeypatch):
+    """`pdl_mlp`, `pdl_down`, `pdl_norm` and `RMSNorm.pdl_early` on (off by default): o lets gate/up in,
+    gate/up lets down in, down lets the next layer's input norm in, each GEMV once its programs are past
+    their loops, each successor loading its first tiles (the norm nothing) before it waits; the same
+    greedy tokens as without (CUDA graphs on), and the launches were early ones."""
+    from qwick.kernels import elementwise
     from qwick.kernels import row_gemv_half2 as h
+    from qwick.layers.norm import RMSNorm
 
-    launches = []
-    real = h._launch
+    launches, norms = [], []
+    real, real_norm = h._launch, elementwise.rms_norm
 
     def spy(x, weight, bias, ws, config, pairs, gated, *args, preload=False, trigger=False, **kwargs):
         launches.append((tuple(weight.shape), gated, preload, trigger))
         early = {"preload": preload, "trigger": trigger}
         return real(x, weight, bias, ws, config, pairs, gated, *args, **early, **kwargs)
 
+    def norm_spy(*args, early=False, **kwargs):
+        norms.append(early)
+        return real_norm(*args, early=early, **kwargs)
+
     monkeypatch.setattr(h, "_launch", spy)
+    monkeypatch.setattr(elementwise, "rms_norm", norm_spy)
     monkeypatch.setattr(
         h, "gated_half2_config", lambda n, kw, sms: h.RowGemvConfig(32, h.tile_words_for(kw), 1)
     )
     monkeypatch.setattr(RtnInt4LinearMethod, "pdl_down", True)
+    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_norm", True)
+    monkeypatch.setattr(RMSNorm, "pdl_early", True)
     off, on = _decode_with_and_without(tmp_path, monkeypatch, "pdl_mlp")
     assert off.token_ids == on.token_ids
     hidden, inter = QUANTIZABLE_DIMS["hidden_size"], QUANTIZABLE_DIMS["intermediate_size"]
     assert ((2 * inter, hidden), True, True, True) in launches  # gate/up: early, lets down in
-    assert ((hidden, inter), False, True, False) in launches  # down: early
+    assert ((hidden, inter), False, True, True) in launches  # down: early, lets the norm in
+    assert True in norms  # decode steps' input norms launched early
 
 
 def test_pdl_roles_at_7b_shapes(monkeypatch):
     """`PackedLinearMethod._pdl` on a device with PDL: by default the QKV and o projections (at most two tiles
     a split) preload and nothing triggers; gate/up and down launch as before. `pdl_mlp` makes o trigger and
-    gate/up preload; `pdl_down` makes gate/up trigger and down preload. Never without PDL."""
+    gate/up preload; `pdl_down` makes gate/up trigger and down preload; `pdl_norm` makes QKV and down
+    trigger. Never without PDL."""
     from types import SimpleNamespace
 
     import qwick.kernels.pdl as pdl
@@ -441,6 +453,8 @@ def test_pdl_roles_at_7b_shapes(monkeypatch):
     assert roles() == [(True, False), (True, True), (True, False), (False, False)]
     monkeypatch.setattr(RtnInt4LinearMethod, "pdl_down", True)
     assert roles() == [(True, False), (True, True), (True, True), (True, False)]
+    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_norm", True)  # QKV and down let the next kernel in
+    assert roles() == [(True, True), (True, True), (True, True), (True, True)]
 
 
 def test_gated_decode_stays_off_the_cpu(monkeypatch):
