@@ -919,8 +919,9 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py tests/models 2>&1 | tail -2
     ;;
   pdlmlp)  # the early-launched chain (off): o lets gate/up in (`pdl_mlp`), gate/up lets down in
-    # (`pdl_down`), down lets the next layer's input norm in (`pdl_norm` with `RMSNorm.pdl_early`), each
-    # GEMV once its programs are past their loops (37th session; at their start before): int4 batch 1
+    # (`pdl_down`), down lets the next layer's input norm in and QKV decode attention (`pdl_norm` with
+    # `RMSNorm.pdl_early` and `PDL_EARLY_DECODE`), each GEMV once its programs are past their loops (37th
+    # session; at their start before): int4 batch 1
     # with the default (none), QWICK_PDL=0 (off), mlp, both (mlp and down) and all (both and the norm),
     # round-robin (VARIANTS), then the tests
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
@@ -932,8 +933,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         [ $v = all ] && N=True
         [ $v = off ] && PDL=0
         run b1_int4_pdl${v}_$i env QWICK_PDL=$PDL python -c "import sys; from qwick.quantization.int4 import PackedLinearMethod as P
-from qwick.layers.norm import RMSNorm
-P.pdl_mlp = $M; P.pdl_down = $D; P.pdl_norm = $N; RMSNorm.pdl_early = $N
+from qwick.layers.norm import RMSNorm; import qwick.layers.attention.triton_backend as tb
+P.pdl_mlp = $M; P.pdl_down = $D; P.pdl_norm = $N; RMSNorm.pdl_early = $N; tb.PDL_EARLY_DECODE = $N
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --output-json "$OUT/b1_int4_pdl${v}_$i.json"
       done
     done

@@ -2,10 +2,10 @@
 programs starts while that kernel still runs. In the engine: the int4 QKV projection after the input
 RMSNorm (one program), and the int4, fp8 and int8 o projections after decode attention (one program per
 kv head; `PackedLinearMethod.pdl_preload`, `W8A8LinearMethod.pdl_preload`). The int4 MLP chain after o
-(`PackedLinearMethod.pdl_mlp`, `pdl_down`) and the next layer's input norm (`pdl_norm`,
-`RMSNorm.pdl_early`) can launch early too, each GEMV letting its successor in once its programs are past
-their loops; off: with triggers at the launch's start the MLP chain lost 5-6%, and the late triggers are
-not timed yet.
+(`PackedLinearMethod.pdl_mlp`, `pdl_down`), the next layer's input norm (`pdl_norm`, `RMSNorm.pdl_early`)
+and decode attention after QKV (`pdl_norm`, `triton_backend.PDL_EARLY_DECODE`) can launch early too, each
+GEMV letting its successor in once its programs are past their loops; off: with triggers at the launch's
+start the MLP chain lost 5-6%, and the late triggers are not timed yet.
 
 While such a kernel runs, the rest of the GPU and its memory idle. Its successor, launched with
 `launch_pdl=True`, may start as soon as every program of the kernel before has called `pdl_trigger`. Its

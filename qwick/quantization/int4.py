@@ -146,9 +146,9 @@ class PackedLinearMethod(LinearMethod):
     pdl_mlp = False
     pdl_down = False
     # Off until timed (37th session, written after its device time): the QKV and down GEMVs let the next
-    # kernel in once their programs are past their loops; after down that is the next layer's input norm
-    # where it launches early (`RMSNorm.pdl_early`), which then lets the QKV GEMV in (after QKV the RoPE
-    # and KV-write launch is not an early one, so its trigger changes nothing).
+    # kernel in once their programs are past their loops: after down the next layer's input norm, which
+    # then lets the QKV GEMV in, and after QKV decode attention, which lets o in, where those launch early
+    # (`RMSNorm.pdl_early`, `triton_backend.PDL_EARLY_DECODE`).
     pdl_norm = False
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -327,9 +328,15 @@ def test_paired_input_gives_the_same_tokens(tmp_path, monkeypatch):
     assert off.token_ids == on.token_ids
 
 
-def _decode_with_and_without(tmp_path, monkeypatch, switch: str, logprobs: int | None = None) -> list:
+def _decode_with_and_without(
+    tmp_path,
+    monkeypatch,
+    switch: str,
+    logprobs: int | None = None,
+    also: Callable[[bool], None] | None = None,
+) -> list:
     """A tiny bf16 model's int4 greedy output for one prompt (24 tokens, CUDA graphs on) with the method's
-    `switch` off, then on."""
+    `switch` off, then on; `also(value)` sets any other switches that go with it, before each run."""
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     path = str(tmp_path / "m")
@@ -338,6 +345,8 @@ def _decode_with_and_without(tmp_path, monkeypatch, switch: str, logprobs: int |
     outs = []
     for value in (False, True):
         monkeypatch.setattr(RtnInt4LinearMethod, switch, value)
+        if also is not None:
+            also(value)
         llm = LLM(path, quantization="int4", dtype="bfloat16", max_model_len=256, num_gpu_blocks_override=64)
         outs.append(llm.generate([list(range(5, 40))], params, use_tqdm=False)[0].outputs[0])
         del llm
@@ -390,12 +399,14 @@ def test_pdl_preload_gives_the_same_tokens(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_pdl_chain_gives_the_same_tokens(tmp_path, monkeypatch):
-    """`pdl_mlp`, `pdl_down`, `pdl_norm` and `RMSNorm.pdl_early` on (off by default): o lets gate/up in,
-    gate/up lets down in, down lets the next layer's input norm in, each GEMV once its programs are past
-    their loops, each successor loading its first tiles (the norm nothing) before it waits; the same
-    greedy tokens as without (CUDA graphs on), and the launches were early ones."""
+    """`pdl_mlp`, `pdl_down`, `pdl_norm`, `RMSNorm.pdl_early` and `PDL_EARLY_DECODE` on (off by default):
+    o lets gate/up in, gate/up lets down in, down lets the next layer's input norm in, QKV lets decode
+    attention in, each GEMV once its programs are past their loops, each successor loading its first tiles
+    (the norm and attention nothing) before it waits; the same greedy tokens as without (CUDA graphs on),
+    and the launches were early ones."""
     from qwick.kernels import elementwise
     from qwick.kernels import row_gemv_half2 as h
+    from qwick.layers.attention import triton_backend
     from qwick.layers.norm import RMSNorm
 
     launches, norms = [], []
@@ -415,15 +426,28 @@ def test_pdl_chain_gives_the_same_tokens(tmp_path, monkeypatch):
     monkeypatch.setattr(
         h, "gated_half2_config", lambda n, kw, sms: h.RowGemvConfig(32, h.tile_words_for(kw), 1)
     )
-    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_down", True)
-    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_norm", True)
-    monkeypatch.setattr(RMSNorm, "pdl_early", True)
-    off, on = _decode_with_and_without(tmp_path, monkeypatch, "pdl_mlp")
+
+    def chain(value: bool) -> None:  # every switch of the chain with pdl_mlp
+        monkeypatch.setattr(RtnInt4LinearMethod, "pdl_down", value)
+        monkeypatch.setattr(RtnInt4LinearMethod, "pdl_norm", value)
+        monkeypatch.setattr(RMSNorm, "pdl_early", value)
+        monkeypatch.setattr(triton_backend, "PDL_EARLY_DECODE", value)
+
+    attention = []
+    real_decode = triton_backend.TritonAttentionBackend._decode
+
+    def decode_spy(self, *args, **kwargs):
+        attention.append(self.pdl_early_decode)
+        return real_decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(triton_backend.TritonAttentionBackend, "_decode", decode_spy)
+    off, on = _decode_with_and_without(tmp_path, monkeypatch, "pdl_mlp", also=chain)
     assert off.token_ids == on.token_ids
     hidden, inter = QUANTIZABLE_DIMS["hidden_size"], QUANTIZABLE_DIMS["intermediate_size"]
     assert ((2 * inter, hidden), True, True, True) in launches  # gate/up: early, lets down in
     assert ((hidden, inter), False, True, True) in launches  # down: early, lets the norm in
-    assert True in norms  # decode steps' input norms launched early
+    assert True in norms and False in norms  # decode steps' input norms launched early in the second run
+    assert True in attention and False in attention  # decode attention too
 
 
 def test_pdl_roles_at_7b_shapes(monkeypatch):

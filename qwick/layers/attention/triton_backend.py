@@ -61,6 +61,10 @@ LONG_PREFILL_QUERIES = 4096
 # machine's processes, 354.0 and 353.3 with it on another (twentieth session). Its fp8 cache codes are the
 # separate write's since `round_to` keeps both kernels' rotary products rounded as PyTorch rounds them.
 FUSE_DECODE_WRITE = True
+# Off until timed (37th session, written after its device time): the decode kernel launched early by
+# programmatic dependent launch (`qwick.kernels.pdl`), waiting at its start for the kernel before, which
+# lets it in only where that is the int4 QKV GEMV with `PackedLinearMethod.pdl_norm` on.
+PDL_EARLY_DECODE = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
@@ -139,6 +143,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.longest_first = LONGEST_FIRST
         self.fuse_rope = FUSE_ROPE
         self.fuse_decode_write = FUSE_DECODE_WRITE
+        self.pdl_early_decode = PDL_EARLY_DECODE
         self.long_prefill_queries = LONG_PREFILL_QUERIES
 
     # ---- tuning --------------------------------------------------------------------------------------
@@ -431,6 +436,8 @@ class TritonAttentionBackend(AttentionBackend):
         cfg = self._decode_cfg(head_dim, q.element_size(), is_fp8_kv(kv_cache.dtype), plan.num_decode)
         d_pad = _pow2(head_dim, 16)
         grid = (num_kv_heads, plan.num_decode) if self.longest_first else (plan.num_decode, num_kv_heads)
+        pdl = pdl_supported(q.device)
+        early = self.pdl_early_decode and pdl
         decode_kernel[(*grid, splits)](
             q,
             kv_cache[0],
@@ -470,8 +477,10 @@ class TritonAttentionBackend(AttentionBackend):
             F16_DOT=is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
             HEADS_FIRST=self.longest_first,
             FUSED_WRITE=write is not None,
-            PDL_TRIGGER=splits == 1 and pdl_supported(q.device),
+            PDL_TRIGGER=splits == 1 and pdl,
+            PDL_WAIT=early,
             **cfg,
+            **({"launch_pdl": True} if early else {}),
         )
         if splits > 1:
             s_pad = _pow2(max(splits, self.max_num_splits), 16)

@@ -44,7 +44,7 @@ import triton.language as tl
 
 from qwick.kernels.elementwise import rope_tables, rotate_halves, rotate_tile
 from qwick.kernels.half2 import quarter_byte_f16
-from qwick.kernels.pdl import pdl_trigger
+from qwick.kernels.pdl import pdl_trigger, pdl_wait
 
 # A finite "minus infinity" for running maxima and the decode kernel's (already scaled) masked scores: a
 # fully masked tile then yields exp2(0) garbage that the next real maximum wipes out (alpha = 0), instead
@@ -236,6 +236,7 @@ def decode_kernel(
     HEADS_FIRST: tl.constexpr,
     FUSED_WRITE: tl.constexpr,
     PDL_TRIGGER: tl.constexpr,
+    PDL_WAIT: tl.constexpr,
 ):
     """Flash-decoding over one split of a row's context for one kv head's query group. With FUSED_WRITE
     (q, k, v the step's unrotated projections; `write_kv_rope`'s work done here): the queries are rotated
@@ -243,6 +244,8 @@ def decode_kernel(
     writes it with its value into the cache slot (slot < 0: no write) before reading its keys."""
     if PDL_TRIGGER:  # the next kernel may launch now (qwick.kernels.pdl: the o projection's weights)
         pdl_trigger()
+    if PDL_WAIT:  # launched early: nothing is read before the kernel before has ended
+        pdl_wait()
     if HEADS_FIRST:  # kv heads fastest in launch order: a row's heads start together
         kvh = tl.program_id(0)
         i = tl.program_id(1)
