@@ -584,7 +584,7 @@ def _launch(
         NORM_TAIL=norm is not None,
         NORM_BLOCK=triton.next_power_of_2(n) if norm is not None else 1,
         PRELOAD=preload,
-        PRELOAD_ALL=preload and not cfg.prefetch and preload_fits(cfg, kw),
+        PRELOAD_ALL=preload and preload_fits(cfg, kw),
         TRIGGER=trigger and pdl_supported(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

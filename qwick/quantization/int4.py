@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,9 @@ from qwick.quantization.formats import gptq as gptq_codec
 from qwick.quantization.formats.layout import QuantizedWeight, compact_zeros, dequantize, pack_along_k
 from qwick.quantization.formats.reference import dequant_matmul
 from qwick.quantization.w8a8 import W8A8LinearMethod
+
+if TYPE_CHECKING:
+    from qwick.kernels.row_gemv import RowGemvConfig  # Triton: imported only where it runs
 
 logger = logging.getLogger(__name__)
 
@@ -233,9 +237,12 @@ class PackedLinearMethod(LinearMethod):
         pdl = self._pdl(x.x, weight, "row")
         return w4_half2_gemv(x.x, weight, layer.bias, self.workspace, pairs=x.pairs, **pdl)
 
-    def _pdl(self, x: torch.Tensor, weight: QuantizedWeight, role: str) -> dict[str, bool]:
+    def _pdl(
+        self, x: torch.Tensor, weight: QuantizedWeight, role: str, cfg: RowGemvConfig | None = None
+    ) -> dict[str, bool]:
         """The `preload` and `trigger` of a one-row f16x2 launch (`pdl_preload`, `pdl_mlp`, `pdl_down`,
-        `pdl_norm`): role "row" (the QKV and down projections), "normed" (o) or "gated" (gate/up)."""
+        `pdl_norm`): role "row" (the QKV and down projections), "normed" (o) or "gated" (gate/up); `cfg`
+        the launch's shape where it is not `default_half2_config`'s."""
         from qwick.kernels.pdl import pdl_supported
         from qwick.kernels.row_gemv_half2 import default_half2_config, preload_fits
 
@@ -244,7 +251,8 @@ class PackedLinearMethod(LinearMethod):
         if role == "gated":
             return {"preload": self.pdl_mlp, "trigger": self.pdl_down}
         n, kw = weight.shape[0], weight.shape[1] // 8
-        whole = self.pdl_preload and preload_fits(default_half2_config(n, kw, self.workspace.num_sms), kw)
+        cfg = cfg or default_half2_config(n, kw, self.workspace.num_sms)
+        whole = self.pdl_preload and preload_fits(cfg, kw)
         if role == "normed":
             return {"preload": whole, "trigger": self.pdl_mlp}
         return {"preload": whole or self.pdl_down, "trigger": self.pdl_norm}
@@ -289,7 +297,7 @@ class PackedLinearMethod(LinearMethod):
         from qwick.kernels.row_gemv_half2 import w4_half2_normed
 
         rows, pairs, weight, cfg = fused
-        pdl = self._pdl(rows, weight, "normed")
+        pdl = self._pdl(rows, weight, "normed", cfg)
         return w4_half2_normed(rows, weight, layer.bias, self.workspace, norm, cfg, pairs=pairs, **pdl)
 
     def apply_gated(

@@ -454,7 +454,7 @@ def test_pdl_roles_at_7b_shapes(monkeypatch):
     """`PackedLinearMethod._pdl` on a device with PDL: by default the QKV and o projections (at most two tiles
     a split) preload and nothing triggers; gate/up and down launch as before. `pdl_mlp` makes o trigger and
     gate/up preload; `pdl_down` makes gate/up trigger and down preload; `pdl_norm` makes QKV and down
-    trigger. Never without PDL."""
+    trigger. A launch shape other than the default's is judged as it is. Never without PDL."""
     from types import SimpleNamespace
 
     import qwick.kernels.pdl as pdl
@@ -473,6 +473,10 @@ def test_pdl_roles_at_7b_shapes(monkeypatch):
     assert roles() == [(False, False)] * 4  # a CPU row: no PDL
     monkeypatch.setattr(pdl, "pdl_supported", lambda device: True)
     assert roles() == [(True, False), (True, False), (False, False), (False, False)]
+    from qwick.kernels.row_gemv import RowGemvConfig
+
+    one_split = RowGemvConfig(64, 32, 1, 8)  # o's launch in one split: 14 tiles a split, no preload
+    assert method._pdl(x, o, "normed", one_split) == {"preload": False, "trigger": False}
     monkeypatch.setattr(RtnInt4LinearMethod, "pdl_mlp", True)
     assert roles() == [(True, False), (True, True), (True, False), (False, False)]
     monkeypatch.setattr(RtnInt4LinearMethod, "pdl_down", True)
