@@ -41,10 +41,14 @@
 #                                            # the norm / attention before them runs (programmatic
 #                                            # dependent launch, `pdl_preload`, on): tests, the A/B
 #                                            # against QWICK_PDL=0, greedy, the graph tests
-#   bash benchmarks/gpu_session.sh pdlmlp    # the MLP's GEMVs and the next norm launched early too
-#                                            # (`pdl_mlp`: o lets gate/up in; `pdl_down`: gate/up lets
-#                                            # down in; `pdl_norm`: down lets the norm in; all off):
-#                                            # int4 batch 1 with none / PDL off / mlp / both / all, tests
+#   bash benchmarks/gpu_session.sh pdlmlp    # the early-launched chain (`pdl_mlp`: o lets gate/up in;
+#                                            # `pdl_down`: gate/up lets down in, both off; `pdl_norm`:
+#                                            # down lets the norm in, QKV attention, on): int4 batch 1
+#                                            # with none / PDL off / norm / both / all, tests
+#   bash benchmarks/gpu_session.sh w8chain   # the W8A8 GEMVs of one decode row launched early, the norms
+#                                            # and attention after them too (`W8A8LinearMethod.pdl_norm`,
+#                                            # off): tests, fp8 and int8 batch 1 with it and without
+#                                            # alternating, greedy (W8CHAIN_AB_ONLY=1: tests and timing)
 #   bash benchmarks/gpu_session.sh fp8pdl    # the fp8 o row GEMV launched early after attention, its
 #                                            # first tiles preloaded (`pdl_preload`, off): tests, fp8
 #                                            # batch 1 with it and without, greedy
@@ -918,28 +922,44 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     REF32=0 python benchmarks/greedy_vs_transformers.py int4 2>&1 | grep "prompt " | head -3
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py tests/models 2>&1 | tail -2
     ;;
-  pdlmlp)  # the early-launched chain (off): o lets gate/up in (`pdl_mlp`), gate/up lets down in
-    # (`pdl_down`), down lets the next layer's input norm in and QKV decode attention (`pdl_norm` with
-    # `RMSNorm.pdl_early` and `PDL_EARLY_DECODE`), each GEMV once its programs are past their loops (37th
-    # session; at their start before): int4 batch 1
-    # with the default (none), QWICK_PDL=0 (off), mlp, both (mlp and down) and all (both and the norm),
-    # round-robin (VARIANTS), then the tests
+  pdlmlp)  # the early-launched chain: o lets gate/up in (`pdl_mlp`), gate/up lets down in (`pdl_down`),
+    # both off; down lets the next layer's input norm in and QKV decode attention (`pdl_norm`, on), each
+    # GEMV once its programs are past their loops: int4 batch 1 with none (every switch off), QWICK_PDL=0
+    # (off), norm (the default), mlp (`pdl_mlp` alone), both (the MLP chain) and all, round-robin
+    # (VARIANTS), then the tests
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     for i in ${REPS_LIST:-1 2}; do
-      for v in ${VARIANTS:-none off mlp both all}; do
+      for v in ${VARIANTS:-none off norm both all}; do
         M=False; D=False; N=False; PDL=1
         [ $v = mlp ] || [ $v = both ] || [ $v = all ] && M=True
         [ $v = both ] || [ $v = all ] && D=True
-        [ $v = all ] && N=True
+        [ $v = norm ] || [ $v = all ] || [ $v = off ] && N=True
         [ $v = off ] && PDL=0
         run b1_int4_pdl${v}_$i env QWICK_PDL=$PDL python -c "import sys; from qwick.quantization.int4 import PackedLinearMethod as P
-from qwick.layers.norm import RMSNorm; import qwick.layers.attention.triton_backend as tb
-P.pdl_mlp = $M; P.pdl_down = $D; P.pdl_norm = $N; RMSNorm.pdl_early = $N; tb.PDL_EARLY_DECODE = $N
+P.pdl_mlp = $M; P.pdl_down = $D; P.pdl_norm = $N
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --output-json "$OUT/b1_int4_pdl${v}_$i.json"
       done
     done
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_row_gemv.py \
       tests/quantization/test_int4_on_the_fly.py -k "preload or pdl" 2>&1 | tail -3
+    ;;
+  w8chain)  # one decode row's W8A8 GEMVs launched early and letting the next kernel in, with the norms and
+    # decode attention after them launched early (`W8A8LinearMethod.pdl_norm`, off; 38th session, untimed):
+    # the GPU tests, then fp8 and int8 batch 1 with it and without, alternating, then the greedy checks
+    python -m pytest -q -m gpu -p no:cacheprovider tests/quantization/test_w8a8_gpu.py \
+      tests/kernels/test_w8a8_kernels.py -k "pdl_norm or preloaded" 2>&1 | tail -3
+    ON="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.pdl_norm = True
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in fp8 int8; do
+      alternate b1_${q}_plain b1_${q}_chain "$ON" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization $q
+    done
+    [ "${W8CHAIN_AB_ONLY:-0}" = 1 ] && exit 0
+    for q in fp8 int8; do
+      REF32=0 python -c "from qwick.quantization.w8a8 import W8A8LinearMethod as M
+M.pdl_norm = True
+import runpy, sys; sys.argv = ['greedy_vs_transformers.py', '$q']
+runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&1 | grep "prompt " | head -3
+    done
     ;;
   fp8pdl)  # the fp8 o projection's row GEMV launched early after decode attention, its first two tiles
     # preloaded (`W8A8LinearMethod.pdl_preload`, off): fp8 batch 1 with it and without, alternating
@@ -966,7 +986,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

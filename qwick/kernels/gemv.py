@@ -10,6 +10,11 @@ K is split over SPLIT_K programs per output tile. The split partials go to an fp
 program of a tile to finish (an atomic counter per tile) sums them and writes the output: one launch,
 no memset and no separate reduction kernel, and the counter is reset by that program, so the kernel can be
 replayed in a CUDA graph.
+
+A launch can start before the kernel before it has ended (programmatic dependent launch,
+`qwick.kernels.pdl`): with `preload` each program loads its split's first weight tile before it waits for
+that kernel; with `trigger` it lets the next kernel in once each of its programs is past its loop. The
+same sums either way (`W8A8LinearMethod.pdl_norm`, off until timed: one decode row's W8A8 GEMVs).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from qwick.kernels.half2 import _EMULATE
+from qwick.kernels.pdl import pdl_supported, pdl_trigger, pdl_wait
 from qwick.kernels.swiglu import silu_times
 
 MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
@@ -53,9 +60,13 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     GATED: tl.constexpr = False,
+    PRELOAD: tl.constexpr = False,
+    TRIGGER: tl.constexpr = False,
 ):
     """GATED (one split): W is a [gate | up] weight of N rows, each tile's first half gate rows and its
-    second half the up rows of the same outputs, and y [M, N / 2] is silu(gate) * up (`gated_store`)."""
+    second half the up rows of the same outputs, and y [M, N / 2] is silu(gate) * up (`gated_store`).
+    PRELOAD (launched early, `qwick.kernels.pdl`): the split's first weight tile is loaded before
+    `pdl_wait`, and its product is the loop's first; TRIGGER: `pdl_trigger` once past the loop."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -72,18 +83,19 @@ def _gemv_kernel(
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rm[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT and X_GROUP == 0 else tl.float32)
-    for k in range(k_start, k_end, BLOCK_K):
+    k_loop = k_start
+    if PRELOAD:  # the weights before the wait; the activations (and their scales) after it
+        w = load_w_tile(w_rows, k_start + rk, k_end, n_ok, EVEN_K)
+        if not _EMULATE:
+            pdl_wait()
+        x = load_x_tile(x_rows, k_start + rk, k_end, m_ok, EVEN_K)
+        acc = _accumulate(acc, x, w, xs_ptr, rm, m_ok, stride_xs, k_start, X_CODES, X_GROUP, INT_DOT)
+        k_loop = k_start + BLOCK_K
+    for k in range(k_loop, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
-        if X_CODES and X_GROUP > 0:  # W8A8 with a scale per X_GROUP columns: scale each tile's sums
-            part = tl.dot(x, tl.trans(w), out_dtype=tl.int32 if INT_DOT else tl.float32)
-            xs = tl.load(xs_ptr + rm * stride_xs + k // X_GROUP, mask=m_ok, other=0.0)
-            acc += part.to(tl.float32) * xs[:, None]
-        elif X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
-            acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
-        else:
-            # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
-            # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
-            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+        acc = _accumulate(acc, x, w, xs_ptr, rm, m_ok, stride_xs, k, X_CODES, X_GROUP, INT_DOT)
+    if TRIGGER and not _EMULATE:  # the next kernel may launch once every program is past its loop
+        pdl_trigger()
     acc = acc.to(tl.float32)
     if HAS_SCALE:  # per-output-channel scales of 8-bit weights
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
@@ -154,17 +166,55 @@ def gated_store(
 
 
 @triton.jit
+def _accumulate(
+    acc,
+    x,
+    w,
+    xs_ptr,
+    rm,
+    m_ok,
+    stride_xs,
+    k,
+    X_CODES: tl.constexpr,
+    X_GROUP: tl.constexpr,
+    INT_DOT: tl.constexpr,
+):
+    """`acc` plus the products of the activation tile x and the weight tile w at column k."""
+    if X_CODES and X_GROUP > 0:  # W8A8 with a scale per X_GROUP columns: scale each tile's sums
+        part = tl.dot(x, tl.trans(w), out_dtype=tl.int32 if INT_DOT else tl.float32)
+        xs = tl.load(xs_ptr + rm * stride_xs + k // X_GROUP, mask=m_ok, other=0.0)
+        acc += part.to(tl.float32) * xs[:, None]
+    elif X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
+        acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
+    else:
+        # 8-bit codes are converted to x's dtype in registers (exact). Measured on the H200: this order
+        # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+    return acc
+
+
+@triton.jit
+def load_w_tile(w_rows, kk, k_end, n_ok, EVEN_K: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] weight tile at columns `kk` of the rows `w_rows` points at (K masked only
+    where the split's end may cut a tile)."""
+    if EVEN_K:
+        return tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
+    return tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < k_end)[None, :], other=0.0)
+
+
+@triton.jit
+def load_x_tile(x_rows, kk, k_end, m_ok, EVEN_K: tl.constexpr):
+    """The [BLOCK_M, BLOCK_K] activation tile at columns `kk`, masked as `load_w_tile`."""
+    if EVEN_K:
+        return tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
+    return tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < k_end)[None, :], other=0.0)
+
+
+@triton.jit
 def load_k_tiles(w_rows, x_rows, kk, k_end, n_ok, m_ok, EVEN_K: tl.constexpr):
     """The [BLOCK_N, BLOCK_K] weight tile and [BLOCK_M, BLOCK_K] activation tile at columns `kk` of the
     rows `w_rows` / `x_rows` point at (K masked only where the split's end may cut a tile)."""
-    if EVEN_K:
-        w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
-        x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
-    else:
-        k_ok = kk < k_end
-        w = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-    return w, x
+    return load_w_tile(w_rows, kk, k_end, n_ok, EVEN_K), load_x_tile(x_rows, kk, k_end, m_ok, EVEN_K)
 
 
 @triton.jit
@@ -378,6 +428,8 @@ def gemv(
     out_dtype: torch.dtype | None = None,
     x_group: int | None = None,
     gated: bool = False,
+    preload: bool = False,
+    trigger: bool = False,
 ) -> torch.Tensor:
     """`x @ weight.T + bias` for x [M <= 16, K] (unit stride along K), weight [N, K] contiguous.
 
@@ -392,7 +444,11 @@ def gemv(
     `x_scale` (fp32 [M, 1]): x holds codes of the weight's 8-bit type too (W8A8), the result is
     `(codes_x @ codes.T) * x_scale * weight_scale.T + bias` in `out_dtype`, with int8 sums exact in int32.
     With `x_group`, x_scale is [M, ceil(K / x_group)], one scale per group of columns (a multiple of the
-    launch's tile depth), applied to each tile's sums."""
+    launch's tile depth), applied to each tile's sums.
+
+    `preload`: each split's first weight tile is loaded before the kernel waits for the one before it,
+    launched early where the device has programmatic dependent launch (`qwick.kernels.pdl`); `trigger`:
+    the next kernel may launch once this one's programs are past their loops. The same sums either way."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= MAX_M and weight.shape[1] == k and x.stride(1) == 1 and weight.stride(1) == 1
@@ -416,6 +472,7 @@ def gemv(
     tiles = triton.cdiv(n, cfg.block_n)
     ws.check(cfg.split_k, MAX_M, n, tiles, cfg)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    preload = preload and (cfg.split_k - 1) * k_per_split < k  # every split has a first tile
     _gemv_kernel[(tiles, cfg.split_k)](
         x,
         weight,
@@ -443,7 +500,10 @@ def gemv(
         BLOCK_K=cfg.block_k,
         EVEN_K=k % k_per_split == 0 and k_per_split % cfg.block_k == 0,
         GATED=gated,
+        PRELOAD=preload,
+        TRIGGER=trigger and pdl_supported(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if preload and pdl_supported(x.device) else {}),
     )
     return y

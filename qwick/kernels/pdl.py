@@ -1,11 +1,12 @@
 """Programmatic dependent launch (PDL, sm_90 and later): a batch-1 GEMV that follows a kernel of a few
 programs starts while that kernel still runs. In the engine: the int4 QKV projection after the input
 RMSNorm (one program), and the int4, fp8 and int8 o projections after decode attention (one program per
-kv head; `PackedLinearMethod.pdl_preload`, `W8A8LinearMethod.pdl_preload`). The int4 MLP chain after o
-(`PackedLinearMethod.pdl_mlp`, `pdl_down`), the next layer's input norm (`pdl_norm`, `RMSNorm.pdl_early`)
-and decode attention after QKV (`pdl_norm`, `triton_backend.PDL_EARLY_DECODE`) can launch early too, each
-GEMV letting its successor in once its programs are past their loops; off: with triggers at the launch's
-start the MLP chain lost 5-6%, and the late triggers are not timed yet.
+kv head; `PackedLinearMethod.pdl_preload`, `W8A8LinearMethod.pdl_preload`). With int4 the chain goes on
+through the layer boundary (`PackedLinearMethod.pdl_norm`, `LinearMethod.lets_next_in`): the down GEMV lets
+the next layer's input norm in and the QKV GEMV lets decode attention in, each once its programs are past
+their loops, and both launch early and wait at their start (+2.0-2.2% at batch 1 on H100s, 38th session).
+The int4 MLP chain after o (`pdl_mlp`, `pdl_down`) can launch early too but stays off: +1.8% on an H200,
+-7% on an H100.
 
 While such a kernel runs, the rest of the GPU and its memory idle. Its successor, launched with
 `launch_pdl=True`, may start as soon as every program of the kernel before has called `pdl_trigger`. Its
@@ -13,12 +14,14 @@ programs then load what no earlier kernel writes (their split's first weight til
 QKV and o projections, see `row_gemv_half2.preload_fits`) and block in `pdl_wait` until the kernel before
 has ended and its writes are visible; the activations, scratch and outputs come after the wait, so the
 arithmetic is that of launches one after another. A kernel that triggers without a PDL successor changes
-nothing, so the norm's and attention's triggers stay on.
+nothing, so the norm's and attention's triggers stay on. An early launch after a kernel that never
+triggers is slower by 0.8-0.9% (38th session), so the norm and attention launch early only where the
+projection before them triggers.
 
 An earlier attempt (25th session in BENCHMARKS.md) put every kernel of the chain under PDL and lost 4-5%:
-a GEMV's successor then floods in while the GEMV itself still has programs to place. The kernels that
-trigger by default here hold 1-4 programs (the 37th session's MLP chain, where o lets gate/up in, lost
-5-6% the same way).
+a GEMV's successor then floods in while the GEMV itself still has programs to place. The GEMVs that
+trigger by default here do so after their loops, once every program is placed (the 37th session's MLP
+chain, with o letting gate/up in at its start, lost 5-6% the same way).
 
 `pdl_supported(device)`: CUDA devices of compute capability 9.0+, never under Triton's interpreter (which
 runs no PTX), and not with `QWICK_PDL=0` (read once, at import: the A/B switch of the benchmarks).

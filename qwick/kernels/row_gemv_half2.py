@@ -37,10 +37,10 @@ A launch can start before the kernel before it has ended (programmatic dependent
 holds at most two, `preload_fits`: the 7b QKV and o projections) before they wait for that kernel; with
 `trigger` it lets the next kernel in once each of its programs is past its loop, with only the epilogues,
 the split-K sums and a norm tail left. In the engine the QKV and o GEMVs preload after the one-program
-RMSNorm and decode attention (+2.1% and +1.8% at batch-1 int4 on an H100 in the 36th and 37th sessions).
-The MLP chain after them (`PackedLinearMethod.pdl_mlp`, off) lost 5-6% with triggers at the launch's
-start, likely because the successor's waiting programs took SM slots the launch still needed; the late
-trigger is not timed yet.
+RMSNorm and decode attention (+2.1% and +1.8% at batch-1 int4 on an H100 in the 36th and 37th sessions),
+and the QKV and down GEMVs trigger (`PackedLinearMethod.pdl_norm`: +2.0-2.2% on H100s, 38th). The MLP
+chain (`PackedLinearMethod.pdl_mlp`, off) lost 5-6% on an H100 with triggers at the launch's start, and
+with them after the loops gained 1.8% on an H200 but lost 7% on an H100.
 
 Under Triton's interpreter, which runs no PTX, the kernel computes the same products in fp32 (`EMULATE`).
 """

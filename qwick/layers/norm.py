@@ -11,12 +11,6 @@ NormOut = torch.Tensor | QuantizedRows | PairedRows
 
 
 class RMSNorm(nn.Module):
-    # Off until timed (37th session, written after its device time): a one-row norm with a residual (a
-    # decode layer's input norm, after the down projection) launched early by programmatic dependent
-    # launch, waiting for the kernel before at its start (`qwick.kernels.pdl`). It starts early only after
-    # a kernel that lets it in: the int4 down GEMV with `PackedLinearMethod.pdl_norm`.
-    pdl_early = False
-
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
@@ -34,19 +28,22 @@ class RMSNorm(nn.Module):
         x: torch.Tensor,
         residual: torch.Tensor | None = None,
         quant: RowQuant | HalfPairs | None = None,
+        early: bool = False,
     ) -> NormOut | tuple[NormOut, torch.Tensor]:
         """`norm(x)`, or with a residual: `(norm(x + residual), x + residual)`.
 
         On CUDA (2-D inputs) the fused kernel writes `x + residual` into `residual` in place, and with
         `quant` (the next layer's `input_quant`) it also writes the output's codes (`QuantizedRows`) or
-        its fp16 pairs (`PairedRows`).
+        its fp16 pairs (`PairedRows`). `early`: the kernel before lets the next one in
+        (`LinearMethod.lets_next_in`), so a one-row norm with a residual launches early and waits at its
+        start (`qwick.kernels.pdl`).
         """
         if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
             from qwick.kernels.elementwise import rms_norm
 
             if residual is None:
                 return rms_norm(x, self.weight, self.eps, quant=quant)
-            early = self.pdl_early and x.shape[0] == 1
+            early = early and x.shape[0] == 1
             out = rms_norm(x, self.weight, self.eps, residual=residual, quant=quant, early=early)
             return out, residual
         return self.forward_native(x, residual)

@@ -208,7 +208,10 @@ class DecoderLayer(nn.Module):
             residual = x
             h = self.input_layernorm(x, quant=self.self_attn.qkv_proj.input_quant(x))
         else:
-            h, residual = self.input_layernorm(x, residual, quant=self.self_attn.qkv_proj.input_quant(x))
+            quant = self.self_attn.qkv_proj.input_quant(x)
+            # after the layer before's down projection, quantized as this one's
+            early = self.mlp.down_proj.method.lets_next_in
+            h, residual = self.input_layernorm(x, residual, quant=quant, early=early)
         a = self.self_attn.attend(rope, h, output_rows)
         if output_rows is not None:
             residual = residual[output_rows.index]
@@ -267,7 +270,7 @@ class DecoderModel(nn.Module):
             rows = output_rows if i == last else None
             x, residual, normed = layer(rope, x, residual, rows, normed, then, then_input)
         if not normed:
-            x, _ = self.norm(x, residual)
+            x, _ = self.norm(x, residual, early=self.layers[-1].mlp.down_proj.method.lets_next_in)
         return x
 
 

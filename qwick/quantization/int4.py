@@ -139,21 +139,26 @@ class PackedLinearMethod(LinearMethod):
     # QWICK_PDL=0, alternating in one call (+2.1%; 36th session); 452.0 and 451.7 against 443.9 and 443.6
     # (+1.8%) in the 37th.
     pdl_preload = True
-    # Off: decode attention -> o -> gate/up -> down as one early-launched chain. `pdl_mlp`: the o GEMV
-    # lets the gate/up GEMV in, which loads its first two tiles before it waits. `pdl_down`: the gate/up
-    # GEMV lets the down GEMV in, which loads its first tile before it waits. With the trigger at each
-    # launch's start, H100, 7b shapes, batch 1: 423.9 and 423.2 decode tok/s with `pdl_mlp`, 427.6 and
-    # 427.2 with both, against 452.0 and 451.7 without (-6.2%, -5.5%; round-robin in one call, 37th
-    # session). gate/up's preload alone (o not letting it in) cost 0.2%, so the loss was the early
-    # launch, likely as the waiting programs took SM slots that o's 448 programs still needed. The trigger
-    # now comes after each program's loop (`row_gemv_half2`); not timed yet.
+    # Batch 1 as an early-launched chain, on GPUs that have programmatic dependent launch: a GEMV lets the
+    # next kernel in once its programs are past their loops, and that kernel loads its first weight tiles
+    # (GEMVs) or nothing (norm, attention) before it waits. `pdl_norm` (on): down lets the next layer's
+    # input norm in, which lets QKV in, and QKV lets decode attention in, which lets o in
+    # (`lets_next_in`). `pdl_mlp` (off): o lets the gate/up GEMV in (two tiles preloaded); `pdl_down`
+    # (off): gate/up lets down in (one tile). 7b shapes, batch 1, decode tok/s, round-robin in one call
+    # each (38th session): on an H100, 472.7 and 473.9 with `pdl_norm` against 462.5 and 463.7 without
+    # (+2.2%), and 430.4 and 430.3 with `pdl_mlp` and `pdl_down` (-7%); on an H200, 554.9 and 556.0 with
+    # all three against 529.6 and 530.5 without (+4.9%), 539.4 and 539.3 with `pdl_mlp` and `pdl_down`
+    # (+1.8%). The MLP chain stays off for the H100's loss (its trigger at the launch's start lost 5-6%
+    # there in the 37th session), likely as gate/up's waiting programs and preloads take SM slots and
+    # bandwidth o still needs; whether it adds to `pdl_norm` on an H200 is not timed.
     pdl_mlp = False
     pdl_down = False
-    # Off until timed (37th session, written after its device time): the QKV and down GEMVs let the next
-    # kernel in once their programs are past their loops: after down the next layer's input norm, which
-    # then lets the QKV GEMV in, and after QKV decode attention, which lets o in, where those launch early
-    # (`RMSNorm.pdl_early`, `triton_backend.PDL_EARLY_DECODE`).
-    pdl_norm = False
+    pdl_norm = True
+
+    @property
+    def lets_next_in(self) -> bool:  # type: ignore[override]
+        """The one-row QKV and down GEMVs let the next kernel in with `pdl_norm` (`LinearMethod`)."""
+        return self.pdl_norm
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""

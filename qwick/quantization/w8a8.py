@@ -165,6 +165,13 @@ class W8A8LinearMethod(LinearMethod):
     # o on the early row GEMV 299.7 and 299.5 against 298.2 and 298.2 on the tensor-core GEMV (+0.5%),
     # alternating in one call (37th session).
     pdl_preload = True
+    # Off until timed (38th session, written after its device time): one decode row's W8A8 GEMVs (QKV,
+    # gate/up, down and the LM head, whose codes the kernel before wrote) launched early, each split's
+    # first weight tile loaded before they wait, and letting the next kernel in once past their loops:
+    # the QKV and gate/up GEMVs start while the one-program RMSNorm before them runs, and with
+    # `lets_next_in` decode attention (after QKV) and the next layer's input norm (after down) launch
+    # early too, as int4's `PackedLinearMethod.pdl_norm` (+2.0-2.2% there on H100s).
+    pdl_norm = False
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
@@ -206,6 +213,11 @@ class W8A8LinearMethod(LinearMethod):
         self.scale_name = scale_name
         self.quantize_activations = quantize_activations
         self.row_quant = RowQuant(qdtype, _QMAX[qdtype], _MIN_AMAX)  # per-token activations, when quantized
+
+    @property
+    def lets_next_in(self) -> bool:  # type: ignore[override]
+        """The one-row W8A8 GEMVs let the next kernel in with `pdl_norm` (`LinearMethod`)."""
+        return self.pdl_norm
 
     def describe(self) -> str:
         kind = "fp8" if self.qdtype == FP8_DTYPE else "int8"
@@ -458,7 +470,10 @@ class W8A8LinearMethod(LinearMethod):
                 return w8_row_gemv(x, layer.weight, scale, layer.bias, self.workspace, preload=preload)
             if codes is None:
                 return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
+            from qwick.kernels.pdl import pdl_supported
+
             xq, xs = codes
+            early = self.pdl_norm and x.shape[0] == 1 and pdl_supported(x.device)
             return gemv(
                 xq,
                 layer.weight,
@@ -468,6 +483,8 @@ class W8A8LinearMethod(LinearMethod):
                 x_scale=xs,
                 out_dtype=x.dtype,
                 x_group=group,
+                preload=early,
+                trigger=early,
             )
         if not self.quantize_activations:
             return self.apply_reference(layer, x)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import nn
 from transformers import PretrainedConfig
 
 from qwick.config import EngineConfig, default_max_num_batched_tokens
@@ -29,6 +30,7 @@ from qwick.layers.attention.backend import (
     kv_cache_torch_dtype,
 )
 from qwick.layers.attention.torch_ref import TorchAttentionBackend
+from qwick.layers.linear import Linear
 from qwick.loader.model_loader import build_model, resolve_dtype
 from qwick.runner.sampler import Sampler, SamplerOutput, SamplingMetadata
 
@@ -83,8 +85,11 @@ def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     return torch.from_numpy(buffer).view(dtype).view(shape)
 
 
-def select_attention_backend(name: str, block_size: int, device: torch.device) -> AttentionBackend:
-    """Triton kernels on CUDA GPUs; the PyTorch reference everywhere else (and on request)."""
+def select_attention_backend(
+    name: str, block_size: int, device: torch.device, early_decode: bool = False
+) -> AttentionBackend:
+    """Triton kernels on CUDA GPUs; the PyTorch reference everywhere else (and on request).
+    `early_decode`: the QKV projections let decode attention launch early (`LinearMethod.lets_next_in`)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "triton":
@@ -92,8 +97,16 @@ def select_attention_backend(name: str, block_size: int, device: torch.device) -
             raise ValueError("attention_backend='triton' needs a CUDA device")
         from qwick.layers.attention.triton_backend import TritonAttentionBackend
 
-        return TritonAttentionBackend(block_size, device)
+        return TritonAttentionBackend(block_size, device, early_decode=early_decode)
     return TorchAttentionBackend(block_size, device)
+
+
+def qkv_lets_next_in(model: nn.Module) -> bool:
+    """Whether the model's QKV projections let the kernel after them (decode attention) launch early."""
+    return any(
+        name.endswith("qkv_proj") and isinstance(m, Linear) and m.method.lets_next_in
+        for name, m in model.named_modules()
+    )
 
 
 class ModelRunner:
@@ -128,7 +141,9 @@ class ModelRunner:
             quantize_lm_head=engine_config.quantize_lm_head,
         )
         self.vocab_size = hf_config.vocab_size
-        self.backend = select_attention_backend(engine_config.attention_backend, self.block_size, self.device)
+        self.backend = select_attention_backend(
+            engine_config.attention_backend, self.block_size, self.device, qkv_lets_next_in(self.model)
+        )
         self._check_kv_cache_dtype()
         self.sampler = Sampler(seed=engine_config.seed)
         self.graph_runner = self._make_graph_runner()

@@ -54,7 +54,7 @@ def test_preloaded_gemv_waits_for_the_norm_before_it_in_a_graph():
 
 
 def test_early_norm_waits_for_the_down_gemv_before_it_in_a_graph():
-    """The layer boundary as `pdl_norm` and `RMSNorm.pdl_early` run it: the down GEMV (letting the next
+    """The layer boundary as `pdl_norm` runs it (`lets_next_in`): the down GEMV (letting the next
     kernel in once its programs are past their loops), the next layer's input norm with the residual add
     (launched early, waiting at its start), then the preloaded QKV GEMV. Replayed on new inputs, every
     replay gives the bits of the same launches run eagerly without PDL, the residual included: a norm that

@@ -376,6 +376,35 @@ def test_gemv_with_group_scaled_codes(qdtype, n, k, m):
     assert int(ws.counters.abs().sum()) == 0
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
+@pytest.mark.parametrize("n,k", [(96, 1024), (40, 1100)] if INTERPRET else [(4608, 3584), (3584, 18944)])
+@pytest.mark.parametrize("group", [None, 512])
+def test_preloaded_gemv_gives_the_same_bits(qdtype, n, k, group):
+    """`gemv(..., preload=True, trigger=True)` (launched early where the device has programmatic dependent
+    launch, each split's first weight tile loaded before it waits, the next kernel let in after its loop):
+    the plain launch's bits for one row of W8A8 codes per row or per 512 columns and for W8A16, at split-K
+    launches whose splits end mid-tile (1100) and one with empty splits (8 splits of 256 columns over
+    1024: no preload there, it would read past K)."""
+    from qwick.kernels.gemv import GemvConfig, gemv
+
+    dev, out_dtype, _, ws, gen, wq, wscale, bias, configs = _w8a8_gemv_case(qdtype, n, k, 1)
+    for cfg in (*configs, GemvConfig(32, 256, 8)):
+        x = torch.randn(1, k, generator=gen, device=dev)
+        if group is None:
+            xq, xs = quantize_per_token(x, qdtype)
+        else:
+            xq, xs = quantize_per_token_group(x, qdtype, group)
+        codes = dict(weight_scale=wscale, x_scale=xs, out_dtype=out_dtype, x_group=group)
+        plain = gemv(xq, wq, bias, ws, cfg, **codes)
+        early = gemv(xq, wq, bias, ws, cfg, **codes, preload=True, trigger=True)
+        assert torch.equal(plain, early), cfg
+        x16 = x.to(out_dtype)
+        plain = gemv(x16, wq, bias, ws, cfg, weight_scale=wscale)
+        assert torch.equal(plain, gemv(x16, wq, bias, ws, cfg, weight_scale=wscale, preload=True)), cfg
+    assert int(ws.counters.abs().sum()) == 0
+
+
 QUANT_SHAPES = [(1, 300), (5, 2100)] if INTERPRET else [(1, 3584), (5, 300), (33, 18944)]
 
 

@@ -399,15 +399,15 @@ def test_pdl_preload_gives_the_same_tokens(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_pdl_chain_gives_the_same_tokens(tmp_path, monkeypatch):
-    """`pdl_mlp`, `pdl_down`, `pdl_norm`, `RMSNorm.pdl_early` and `PDL_EARLY_DECODE` on (off by default):
-    o lets gate/up in, gate/up lets down in, down lets the next layer's input norm in, QKV lets decode
-    attention in, each GEMV once its programs are past their loops, each successor loading its first tiles
-    (the norm and attention nothing) before it waits; the same greedy tokens as without (CUDA graphs on),
-    and the launches were early ones."""
+    """`pdl_mlp`, `pdl_down` and `pdl_norm` off, then on (`pdl_norm` alone is the default): o lets gate/up
+    in, gate/up lets down in, down lets the next layer's input norm in, QKV lets decode attention in, each
+    GEMV once its programs are past their loops, each successor loading its first tiles (the norm and
+    attention nothing) before it waits; the same greedy tokens as without (CUDA graphs on), and the
+    launches were early ones. The down projection keeps its norm out of its launch here (as at 7b shapes,
+    where `normed_half2_config` has no launch for it), so the next layer's input norm runs apart."""
     from qwick.kernels import elementwise
     from qwick.kernels import row_gemv_half2 as h
     from qwick.layers.attention import triton_backend
-    from qwick.layers.norm import RMSNorm
 
     launches, norms = [], []
     real, real_norm = h._launch, elementwise.rms_norm
@@ -426,12 +426,15 @@ def test_pdl_chain_gives_the_same_tokens(tmp_path, monkeypatch):
     monkeypatch.setattr(
         h, "gated_half2_config", lambda n, kw, sms: h.RowGemvConfig(32, h.tile_words_for(kw), 1)
     )
+    hidden, inter = QUANTIZABLE_DIMS["hidden_size"], QUANTIZABLE_DIMS["intermediate_size"]
+    real_normed = h.normed_half2_config
+    monkeypatch.setattr(  # the down projection without the norm in its launch
+        h, "normed_half2_config", lambda n, kw, sms: None if kw * 8 == inter else real_normed(n, kw, sms)
+    )
 
     def chain(value: bool) -> None:  # every switch of the chain with pdl_mlp
         monkeypatch.setattr(RtnInt4LinearMethod, "pdl_down", value)
         monkeypatch.setattr(RtnInt4LinearMethod, "pdl_norm", value)
-        monkeypatch.setattr(RMSNorm, "pdl_early", value)
-        monkeypatch.setattr(triton_backend, "PDL_EARLY_DECODE", value)
 
     attention = []
     real_decode = triton_backend.TritonAttentionBackend._decode
@@ -443,7 +446,6 @@ def test_pdl_chain_gives_the_same_tokens(tmp_path, monkeypatch):
     monkeypatch.setattr(triton_backend.TritonAttentionBackend, "_decode", decode_spy)
     off, on = _decode_with_and_without(tmp_path, monkeypatch, "pdl_mlp", also=chain)
     assert off.token_ids == on.token_ids
-    hidden, inter = QUANTIZABLE_DIMS["hidden_size"], QUANTIZABLE_DIMS["intermediate_size"]
     assert ((2 * inter, hidden), True, True, True) in launches  # gate/up: early, lets down in
     assert ((hidden, inter), False, True, True) in launches  # down: early, lets the norm in
     assert True in norms and False in norms  # decode steps' input norms launched early in the second run
@@ -451,10 +453,11 @@ def test_pdl_chain_gives_the_same_tokens(tmp_path, monkeypatch):
 
 
 def test_pdl_roles_at_7b_shapes(monkeypatch):
-    """`PackedLinearMethod._pdl` on a device with PDL: by default the QKV and o projections (at most two tiles
-    a split) preload and nothing triggers; gate/up and down launch as before. `pdl_mlp` makes o trigger and
-    gate/up preload; `pdl_down` makes gate/up trigger and down preload; `pdl_norm` makes QKV and down
-    trigger. A launch shape other than the default's is judged as it is. Never without PDL."""
+    """`PackedLinearMethod._pdl` on a device with PDL: with the chain's switches off the QKV and o projections
+    (at most two tiles a split) preload and nothing triggers; gate/up and down launch as before. `pdl_mlp`
+    makes o trigger and gate/up preload; `pdl_down` makes gate/up trigger and down preload; `pdl_norm` makes
+    QKV and down trigger (`pdl_norm` alone is on by default). A launch shape other than the default's is
+    judged as it is. Never without PDL."""
     from types import SimpleNamespace
 
     import qwick.kernels.pdl as pdl
@@ -462,6 +465,8 @@ def test_pdl_roles_at_7b_shapes(monkeypatch):
     method = Int4Config().linear_method("model.layers.0.self_attn.o_proj", ["x"])
     method.workspace = SimpleNamespace(num_sms=132)
     x = torch.zeros(1, 1)
+    for switch in ("pdl_mlp", "pdl_down", "pdl_norm"):
+        monkeypatch.setattr(RtnInt4LinearMethod, switch, False)
     shapes = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)]
     qkv, o, gate_up, down = (SimpleNamespace(shape=s) for s in shapes)
 
@@ -482,7 +487,45 @@ def test_pdl_roles_at_7b_shapes(monkeypatch):
     monkeypatch.setattr(RtnInt4LinearMethod, "pdl_down", True)
     assert roles() == [(True, False), (True, True), (True, True), (True, False)]
     monkeypatch.setattr(RtnInt4LinearMethod, "pdl_norm", True)  # QKV and down let the next kernel in
-    assert roles() == [(True, True), (True, True), (True, True), (True, True)]
+    assert roles() == [(True, True)] * 4
+    monkeypatch.undo()  # the defaults: `pdl_norm` alone
+    monkeypatch.setattr(pdl, "pdl_supported", lambda device: True)
+    assert roles() == [(True, True), (True, False), (False, False), (False, True)]
+
+
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+@pytest.mark.parametrize("early", [True, False])
+def test_norms_and_decode_attention_launch_early_only_after_projections_that_let_them_in(
+    tmp_path, monkeypatch, quantization, early
+):
+    """The input norms after a down projection and the final norm are asked to launch early exactly when
+    the down projection lets the next kernel in (`lets_next_in`: with `pdl_norm`, on by default for int4,
+    off for int8), the post-attention norms never; decode attention (`qkv_lets_next_in`, the runner's
+    choice for the Triton backend) likewise after the QKV projections. An early launch after a kernel that
+    never lets it in is only slower."""
+    from qwick.layers.norm import RMSNorm
+    from qwick.quantization.w8a8 import W8A8LinearMethod
+    from qwick.runner.model_runner import qkv_lets_next_in
+
+    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_norm", early)
+    monkeypatch.setattr(W8A8LinearMethod, "pdl_norm", early)
+    path = str(tmp_path / "m")
+    make_tiny_model("qwen2", path, **QUANTIZABLE_DIMS)
+    llm = _llm(path, "float32", quantization=quantization)
+    model = llm.llm_engine.core.runner.model
+    names = {id(m): name for name, m in model.named_modules()}
+    seen: dict[str, set[bool]] = {}
+    real = RMSNorm.forward
+
+    def spy(self, x, residual=None, quant=None, early=False):
+        if residual is not None:
+            seen.setdefault(names[id(self)].rsplit(".", 1)[-1], set()).add(early)
+        return real(self, x, residual, quant, early)
+
+    monkeypatch.setattr(RMSNorm, "forward", spy)
+    llm.generate([list(range(5, 20))], SamplingParams(max_tokens=3, temperature=0.0), use_tqdm=False)
+    assert seen == {"input_layernorm": {early}, "norm": {early}, "post_attention_layernorm": {False}}
+    assert qkv_lets_next_in(model) is early
 
 
 def test_gated_decode_stays_off_the_cpu(monkeypatch):

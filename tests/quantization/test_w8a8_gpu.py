@@ -145,3 +145,42 @@ def test_fused_activation_codes_change_nothing(mode, grouped, tmp_path, monkeypa
     separate = run()
     for a, b in zip(fused, separate):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+def test_pdl_norm_changes_nothing(mode, tmp_path, monkeypatch):
+    """`W8A8LinearMethod.pdl_norm` on (off by default): one decode row's W8A8 GEMVs launch early, each
+    split's first weight tile loaded before they wait, and let the next kernel in after their loops; the
+    input norms after the down projections and decode attention after QKV launch early too. bf16 model,
+    CUDA graphs on: the same logits bit for bit as with it off, and the GEMVs did launch early."""
+    from qwick.kernels import gemv as gemv_module
+    from qwick.kernels.pdl import pdl_supported
+    from qwick.quantization.w8a8 import W8A8LinearMethod
+
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    assert pdl_supported(torch.device("cuda")), "the chain needs a GPU with programmatic dependent launch"
+    make_tiny_model("qwen2", str(tmp_path))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    early_calls = []
+    real = gemv_module.gemv
+
+    def spy(*args, preload=False, trigger=False, **kwargs):
+        early_calls.append(preload and trigger)
+        return real(*args, preload=preload, trigger=trigger, **kwargs)
+
+    monkeypatch.setattr(gemv_module, "gemv", spy)
+    logits = []
+    for on in (False, True):
+        monkeypatch.setattr(W8A8LinearMethod, "pdl_norm", on)
+        llm = LLM(
+            str(tmp_path), dtype="bfloat16", quantization=mode, num_gpu_blocks_override=64, max_model_len=128
+        )
+        assert llm.llm_engine.core.runner.backend.pdl_early_decode is on
+        recorder = LogitsRecorder(llm)
+        out = llm.generate([list(range(3, 23))], params, use_tqdm=False)[0]
+        logits.append(torch.stack(recorder.by_request[out.request_id]))
+        del llm
+        assert any(early_calls) is on
+        early_calls.clear()
+    assert torch.equal(logits[0], logits[1])

@@ -61,10 +61,6 @@ LONG_PREFILL_QUERIES = 4096
 # machine's processes, 354.0 and 353.3 with it on another (twentieth session). Its fp8 cache codes are the
 # separate write's since `round_to` keeps both kernels' rotary products rounded as PyTorch rounds them.
 FUSE_DECODE_WRITE = True
-# Off until timed (37th session, written after its device time): the decode kernel launched early by
-# programmatic dependent launch (`qwick.kernels.pdl`), waiting at its start for the kernel before, which
-# lets it in only where that is the int4 QKV GEMV with `PackedLinearMethod.pdl_norm` on.
-PDL_EARLY_DECODE = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
@@ -126,7 +122,11 @@ class TritonAttentionBackend(AttentionBackend):
     kv_layout = "NHD"
 
     def __init__(
-        self, block_size: int, device: torch.device | str, fixed_num_splits: int | None = None
+        self,
+        block_size: int,
+        device: torch.device | str,
+        fixed_num_splits: int | None = None,
+        early_decode: bool = False,
     ) -> None:
         super().__init__(block_size, torch.device(device))
         if self.device.type == "cuda":
@@ -143,7 +143,9 @@ class TritonAttentionBackend(AttentionBackend):
         self.longest_first = LONGEST_FIRST
         self.fuse_rope = FUSE_ROPE
         self.fuse_decode_write = FUSE_DECODE_WRITE
-        self.pdl_early_decode = PDL_EARLY_DECODE
+        # The decode kernel launched early (`qwick.kernels.pdl`), waiting at its start: where the QKV
+        # projection before it lets it in (`LinearMethod.lets_next_in`).
+        self.pdl_early_decode = early_decode
         self.long_prefill_queries = LONG_PREFILL_QUERIES
 
     # ---- tuning --------------------------------------------------------------------------------------
@@ -437,7 +439,7 @@ class TritonAttentionBackend(AttentionBackend):
         d_pad = _pow2(head_dim, 16)
         grid = (num_kv_heads, plan.num_decode) if self.longest_first else (plan.num_decode, num_kv_heads)
         pdl = pdl_supported(q.device)
-        early = self.pdl_early_decode and pdl
+        early = self.pdl_early_decode and pdl and q.shape[0] == 1  # batch 1: after the one-row QKV GEMV
         decode_kernel[(*grid, splits)](
             q,
             kv_cache[0],
