@@ -197,17 +197,19 @@ def _accumulate(
 def load_w_tile(w_rows, kk, k_end, n_ok, EVEN_K: tl.constexpr):
     """The [BLOCK_N, BLOCK_K] weight tile at columns `kk` of the rows `w_rows` points at (K masked only
     where the split's end may cut a tile)."""
-    if EVEN_K:
-        return tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
-    return tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < k_end)[None, :], other=0.0)
+    mask = n_ok[:, None]
+    if not EVEN_K:
+        mask = mask & (kk < k_end)[None, :]
+    return tl.load(w_rows + kk[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
 def load_x_tile(x_rows, kk, k_end, m_ok, EVEN_K: tl.constexpr):
     """The [BLOCK_M, BLOCK_K] activation tile at columns `kk`, masked as `load_w_tile`."""
-    if EVEN_K:
-        return tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
-    return tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < k_end)[None, :], other=0.0)
+    mask = m_ok[:, None]
+    if not EVEN_K:
+        mask = mask & (kk < k_end)[None, :]
+    return tl.load(x_rows + kk[None, :], mask=mask, other=0.0)
 
 
 @triton.jit

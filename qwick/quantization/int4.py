@@ -157,8 +157,9 @@ class PackedLinearMethod(LinearMethod):
 
     @property
     def lets_next_in(self) -> bool:  # type: ignore[override]
-        """The one-row QKV and down GEMVs let the next kernel in with `pdl_norm` (`LinearMethod`)."""
-        return self.pdl_norm
+        """The one-row QKV and down GEMVs (the f16x2 ones) let the next kernel in with `pdl_norm`
+        (`LinearMethod`)."""
+        return self.pdl_norm and self.decode_half2
 
     def _install(self, layer: Linear, qw: QuantizedWeight) -> None:
         """Make `qw` the layer's weight (replacing whatever the checkpoint layout was)."""

@@ -458,20 +458,18 @@ class W8A8LinearMethod(LinearMethod):
             # Decode: stream the 8-bit codes against the activation codes (W8A8) where the producing
             # kernel wrote them, else against the unquantized activations (W8A16).
             from qwick.kernels.gemv import gemv
+            from qwick.kernels.pdl import pdl_supported
 
             scale = self.weight_scale(layer)
             if codes is None and self._quantizes_decode_rows(n, k):
                 codes = self._quantize_x(x)
             if codes is None and self._row_gemv(x, n, k):
-                from qwick.kernels.pdl import pdl_supported
                 from qwick.kernels.row_gemv_w8 import w8_row_gemv
 
                 preload = self.pdl_preload and pdl_supported(x.device)
                 return w8_row_gemv(x, layer.weight, scale, layer.bias, self.workspace, preload=preload)
             if codes is None:
                 return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
-            from qwick.kernels.pdl import pdl_supported
-
             xq, xs = codes
             early = self.pdl_norm and x.shape[0] == 1 and pdl_supported(x.device)
             return gemv(

@@ -491,6 +491,9 @@ def test_pdl_roles_at_7b_shapes(monkeypatch):
     monkeypatch.undo()  # the defaults: `pdl_norm` alone
     monkeypatch.setattr(pdl, "pdl_supported", lambda device: True)
     assert roles() == [(True, True), (True, False), (False, False), (False, True)]
+    assert method.lets_next_in
+    monkeypatch.setattr(RtnInt4LinearMethod, "decode_half2", False)  # no f16x2 GEMV lets anything in
+    assert not method.lets_next_in
 
 
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
