@@ -502,8 +502,8 @@ def test_norms_and_decode_attention_launch_early_only_after_projections_that_let
     tmp_path, monkeypatch, quantization, early
 ):
     """The input norms after a down projection and the final norm are asked to launch early exactly when
-    the down projection lets the next kernel in (`lets_next_in`: with `pdl_norm`, on by default for int4,
-    off for int8), the post-attention norms never; decode attention (`qkv_lets_next_in`, the runner's
+    the down projection lets the next kernel in (`lets_next_in`: with `pdl_norm`, on by default for int4
+    and int8), the post-attention norms never; decode attention (`qkv_lets_next_in`, the runner's
     choice for the Triton backend) likewise after the QKV projections. An early launch after a kernel that
     never lets it in is only slower."""
     from qwick.layers.norm import RMSNorm

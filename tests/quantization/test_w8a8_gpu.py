@@ -149,10 +149,10 @@ def test_fused_activation_codes_change_nothing(mode, grouped, tmp_path, monkeypa
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
 def test_pdl_norm_changes_nothing(mode, tmp_path, monkeypatch):
-    """`W8A8LinearMethod.pdl_norm` on (off by default): one decode row's W8A8 GEMVs launch early, each
+    """`W8A8LinearMethod.pdl_norm` (on by default) against off: one decode row's W8A8 GEMVs launch early, each
     split's first weight tile loaded before they wait, and let the next kernel in after their loops; the
     input norms after the down projections and decode attention after QKV launch early too. bf16 model,
-    CUDA graphs on: the same logits bit for bit as with it off, and the GEMVs did launch early."""
+    CUDA graphs on: the same logits bit for bit as with it off, and the GEMVs did launch early with it."""
     from qwick.kernels import gemv as gemv_module
     from qwick.kernels.pdl import pdl_supported
     from qwick.quantization.w8a8 import W8A8LinearMethod
