@@ -45,10 +45,14 @@
 #                                            # `pdl_down`: gate/up lets down in, both off; `pdl_norm`:
 #                                            # down lets the norm in, QKV attention, on): int4 batch 1
 #                                            # with none / PDL off / norm / both / all, tests
+#   bash benchmarks/gpu_session.sh attnpreload  # a lone decode row's attention loading its first key tile
+#                                            # before it waits for QKV (`DECODE_PRELOAD`, off): tests, int4
+#                                            # and fp8 batch 1 with it and without, alternating
 #   bash benchmarks/gpu_session.sh w8chain   # the W8A8 GEMVs of one decode row launched early, the norms
 #                                            # and attention after them too (`W8A8LinearMethod.pdl_norm`,
-#                                            # off): tests, fp8 and int8 batch 1 with it and without
-#                                            # alternating, greedy (W8CHAIN_AB_ONLY=1: tests and timing)
+#                                            # on since the 39th session): tests, fp8 and int8 batch 1 with
+#                                            # it off and on, alternating, greedy (W8CHAIN_AB_ONLY=1: tests
+#                                            # and timing)
 #   bash benchmarks/gpu_session.sh fp8pdl    # the fp8 o row GEMV launched early after attention, its
 #                                            # first tiles preloaded (`pdl_preload`, off): tests, fp8
 #                                            # batch 1 with it and without, greedy
@@ -944,21 +948,30 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" $B1 --outp
       tests/quantization/test_int4_on_the_fly.py -k "preload or pdl" 2>&1 | tail -3
     ;;
   w8chain)  # one decode row's W8A8 GEMVs launched early and letting the next kernel in, with the norms and
-    # decode attention after them launched early (`W8A8LinearMethod.pdl_norm`, off; 38th session, untimed):
-    # the GPU tests, then fp8 and int8 batch 1 with it and without, alternating, then the greedy checks
+    # decode attention after them launched early (`W8A8LinearMethod.pdl_norm`, on since the 39th session):
+    # the GPU tests, then fp8 and int8 batch 1 with it off and on, alternating, then the greedy checks
     python -m pytest -q -m gpu -p no:cacheprovider tests/quantization/test_w8a8_gpu.py \
       tests/kernels/test_w8a8_kernels.py -k "pdl_norm or preloaded" 2>&1 | tail -3
-    ON="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.pdl_norm = True
+    OFF="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.pdl_norm = False
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in fp8 int8; do
-      alternate b1_${q}_plain b1_${q}_chain "$ON" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization $q
+      alternate b1_${q}_chain b1_${q}_off "$OFF" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization $q
     done
     [ "${W8CHAIN_AB_ONLY:-0}" = 1 ] && exit 0
     for q in fp8 int8; do
-      REF32=0 python -c "from qwick.quantization.w8a8 import W8A8LinearMethod as M
-M.pdl_norm = True
-import runpy, sys; sys.argv = ['greedy_vs_transformers.py', '$q']
-runpy.run_path('benchmarks/greedy_vs_transformers.py', run_name='__main__')" 2>&1 | grep "prompt " | head -3
+      REF32=0 python benchmarks/greedy_vs_transformers.py $q 2>&1 | grep "prompt " | head -3
+    done
+    ;;
+  attnpreload)  # a lone decode row's attention reading its metadata and first key tile before it waits
+    # for the QKV projection (`triton_backend.DECODE_PRELOAD`, off; 39th session, untimed): its GPU tests,
+    # then int4 and fp8 batch 1 with it and without, alternating
+    python -m pytest -q -m gpu -p no:cacheprovider tests/layers/test_triton_attention.py \
+      tests/quantization/test_w8a8_gpu.py tests/quantization/test_int4_on_the_fly.py \
+      -k "pdl or preload or writes_the_new_keys" 2>&1 | tail -3
+    ON="import sys; from qwick.layers.attention import triton_backend as T; T.DECODE_PRELOAD = True
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in int4 fp8; do
+      alternate b1_${q}_plain b1_${q}_preload "$ON" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization $q
     done
     ;;
   fp8pdl)  # the fp8 o projection's row GEMV launched early after decode attention, its first two tiles
@@ -986,7 +999,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

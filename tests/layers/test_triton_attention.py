@@ -629,6 +629,57 @@ def test_decode_kernel_writes_the_new_keys_itself(heads, kv_heads, head_dim, spl
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("kv_fp8", [False, True])
+@pytest.mark.parametrize(
+    "context,window", [(0, None), (30, None), (31, None), (32, None), (70, None), (70, 20)]
+)
+def test_decode_preload_gives_the_same_bits(context, window, kv_fp8):
+    """`decode_preload` (off until timed): a lone decode row's kernel reads its first key tile before the
+    new key is written (before the wait of an early launch) and takes that key from registers. The output
+    and the cache are bit for bit those without it: new keys at the start, middle and end of a tile (and
+    the next tile's first), past a window, a padding row's slot (-1) read as the cache holds it."""
+    from qwick.layers.rotary import RopeStep
+
+    device = triton_device()
+    dtype = _lowp(torch.bfloat16)
+    heads, kv_heads, head_dim, bs = 8, 2, 64, 16
+    for slot in (None, -1):
+        rows, num_blocks = _make_rows([(context, 1)], bs, random.Random(context))
+        positions = torch.tensor([context], device=device)
+        inv = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        emb = torch.arange(128, dtype=torch.float)[:, None] * inv[None, :]
+        emb = torch.cat((emb, emb), dim=-1)
+        rope = RopeStep(positions, emb.cos().to(device), emb.sin().to(device))
+        sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+        torch.manual_seed(context)
+        qkv = torch.randn(1, sum(sizes), device=device).to(dtype)
+        shape = (num_blocks, bs, kv_heads, head_dim)
+        k_scale, v_scale = fp8_scales(0.5, 2.0) if kv_fp8 else (1.0, 1.0)
+        if kv_fp8:
+            cache = torch.stack([quantize_kv(kv_values(shape, device, s), s) for s in (k_scale, v_scale)])
+            qkv[:, heads * head_dim :] = kv_values((1, 2 * kv_heads * head_dim), device).to(dtype)
+        else:
+            cache = torch.randn(2, *shape, device=device).to(dtype)
+        kw = dict(scale=head_dim**-0.5, sliding_window=window, k_scale=k_scale, v_scale=v_scale, rope=rope)
+        tri = _backend(bs, device, fixed_num_splits=1)
+        tri.decode_config = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+        outs, caches = [], []
+        for preload in (True, False):
+            tri.decode_preload = preload
+            q, k, v = (t.view(1, -1, head_dim) for t in qkv.clone().split(sizes, dim=-1))
+            md = tri.build_metadata(rows)
+            if slot is not None:
+                md.slot_mapping[0] = slot
+            assert tri.fuses_decode_write(q, k, v, rope, md)
+            c = cache.clone()
+            outs.append(tri.forward(q, k, v, c, md, **kw))
+            caches.append(c)
+        assert torch.equal(caches[0].view(torch.uint8), caches[1].view(torch.uint8))
+        assert torch.equal(caches[0].view(torch.uint8), cache.view(torch.uint8)) is (slot == -1)
+        assert torch.equal(outs[0], outs[1]), (context, window, slot)
+
+
+@pytest.mark.interpret
 def test_decode_write_is_fused_by_default_and_never_in_mixed_steps():
     """The default: a pure decode step writes inside the decode kernel (into any cache), a mixed step
     through the separate write."""

@@ -61,6 +61,13 @@ LONG_PREFILL_QUERIES = 4096
 # machine's processes, 354.0 and 353.3 with it on another (twentieth session). Its fp8 cache codes are the
 # separate write's since `round_to` keeps both kernels' rotary products rounded as PyTorch rounds them.
 FUSE_DECODE_WRITE = True
+# A lone decode row's decode kernel with the write fused and one split reads the row's metadata and first
+# key tile before it waits for the QKV projection (launched early after it, `pdl_early_decode`), so those
+# dependent loads (row, block table, keys) overlap the projection's tail: see `decode_kernel`'s PRELOAD.
+# Off until timed (39th session: its GPU tests passed on an H100, the device time ran out before the
+# timing; `bash benchmarks/gpu_session.sh attnpreload`). The attention takes ~7.9 us a layer at batch 1
+# on an H100 without programmatic dependent launch, fp8 profile of that session.
+DECODE_PRELOAD = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
@@ -143,6 +150,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.longest_first = LONGEST_FIRST
         self.fuse_rope = FUSE_ROPE
         self.fuse_decode_write = FUSE_DECODE_WRITE
+        self.decode_preload = DECODE_PRELOAD
         # The decode kernel launched early (`qwick.kernels.pdl`), waiting at its start: where the QKV
         # projection before it lets it in (`LinearMethod.lets_next_in`).
         self.pdl_early_decode = early_decode
@@ -481,6 +489,7 @@ class TritonAttentionBackend(AttentionBackend):
             FUSED_WRITE=write is not None,
             PDL_TRIGGER=splits == 1 and pdl,
             PDL_WAIT=early,
+            PRELOAD=self.decode_preload and write is not None and splits == 1 and plan.num_decode == 1,
             **cfg,
             **({"launch_pdl": True} if early else {}),
         )

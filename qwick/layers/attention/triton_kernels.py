@@ -237,14 +237,21 @@ def decode_kernel(
     FUSED_WRITE: tl.constexpr,
     PDL_TRIGGER: tl.constexpr,
     PDL_WAIT: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
     """Flash-decoding over one split of a row's context for one kv head's query group. With FUSED_WRITE
     (q, k, v the step's unrotated projections; `write_kv_rope`'s work done here): the queries are rotated
     in registers, and the program whose split holds the row's last position rotates that token's key and
-    writes it with its value into the cache slot (slot < 0: no write) before reading its keys."""
+    writes it with its value into the cache slot (slot < 0: no write) before reading its keys.
+
+    PRELOAD (with FUSED_WRITE and one split): the row's metadata and its first key tile are read before
+    the wait of an early launch (`qwick.kernels.pdl`). Only the step's q, k and v come from the kernel
+    before; everything else was written by kernels that had ended before that one could let this one in.
+    The tile's slot of the new key, read before this kernel writes it, takes the written value from
+    registers: the same tile as the loop would read, so the same bits."""
     if PDL_TRIGGER:  # the next kernel may launch now (qwick.kernels.pdl: the o projection's weights)
         pdl_trigger()
-    if PDL_WAIT:  # launched early: nothing is read before the kernel before has ended
+    if PDL_WAIT and not PRELOAD:  # launched early: nothing is read before the kernel before has ended
         pdl_wait()
     if HEADS_FIRST:  # kv heads fastest in launch order: a row's heads start together
         kvh = tl.program_id(0)
@@ -262,6 +269,23 @@ def decode_kernel(
     head = kvh * group + g
     g_mask = g < group
     gd_mask = _tile_mask(g_mask, d, HEAD_DIM, D_PAD)
+
+    # This split's range of key tiles; the window (if any) moves the first key forward.
+    start = tl.maximum(seq_len - window, 0)
+    first = start // BLOCK_N
+    last = tl.cdiv(seq_len, BLOCK_N)
+    per_split = tl.cdiv(last - first, num_splits)
+    t0 = first + split * per_split
+    t1 = tl.minimum(t0 + per_split, last)
+    bt_row = block_tables_ptr + row.to(tl.int64) * stride_bt
+    kv_off = kvh * stride_ch + d[None, :]
+    if PRELOAD:
+        n_pre, valid_pre, k_pre, v_pre = _decode_kv_tile(
+            t0, seq_len, start, bt_row, k_cache_ptr, v_cache_ptr, kv_off, d, stride_cb, stride_cs,
+            HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N,
+        )  # fmt: skip
+        if PDL_WAIT:
+            pdl_wait()
     q_row = q_ptr + tok * stride_qt + head[:, None] * stride_qh
     q = tl.load(q_row + d[None, :], mask=gd_mask, other=0.0)
     if FUSED_WRITE:  # D_PAD == HEAD_DIM, a power of two: each column's partner is in the other half
@@ -275,13 +299,6 @@ def decode_kernel(
     if F16_DOT:
         q, scale_log2 = _fp16_queries(q, scale_log2)
 
-    # This split's range of key tiles; the window (if any) moves the first key forward.
-    start = tl.maximum(seq_len - window, 0)
-    first = start // BLOCK_N
-    last = tl.cdiv(seq_len, BLOCK_N)
-    per_split = tl.cdiv(last - first, num_splits)
-    t0 = first + split * per_split
-    t1 = tl.minimum(t0 + per_split, last)
     if FUSED_WRITE:
         if (t0 < t1) & (t1 == last):  # this split reads the row's last key: write it first
             slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -290,32 +307,30 @@ def decode_kernel(
             v_new = tl.load(v_ptr + tok * stride_vt + kvh * stride_vh + d)
             dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kvh * stride_ch + d
             ok = d * 0 + slot >= 0  # a block, not a scalar (the interpreter rejects the mixed mask)
-            tl.store(k_cache_ptr + dst, _to_cache(k_new, k_inv_scale, k_cache_ptr, KV_FP8), mask=ok)
-            tl.store(v_cache_ptr + dst, _to_cache(v_new, v_inv_scale, v_cache_ptr, KV_FP8), mask=ok)
+            k_new = _to_cache(k_new, k_inv_scale, k_cache_ptr, KV_FP8)
+            v_new = _to_cache(v_new, v_inv_scale, v_cache_ptr, KV_FP8)
+            tl.store(k_cache_ptr + dst, k_new, mask=ok)
+            tl.store(v_cache_ptr + dst, v_new, mask=ok)
+            if PRELOAD:  # the preloaded tile's slot of the new key, as the loop would read it back
+                is_new = ((n_pre == seq_len - 1) & (slot >= 0))[:, None]
+                k_pre = tl.where(is_new, k_new[None, :], k_pre)
+                v_pre = tl.where(is_new, v_new[None, :], v_pre)
         tl.debug_barrier()  # the stores before any thread of the program reads the tile holding them
 
     m_i = tl.full([G_PAD], _NEG, tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    bt_row = block_tables_ptr + row.to(tl.int64) * stride_bt
-    kv_off = kvh * stride_ch + d[None, :]
-    for t in range(t0, t1):
-        n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        in_seq = n < seq_len
-        valid = in_seq & (n >= start)
-        page = tl.load(bt_row + n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
-        at = page * stride_cb + (n % BLOCK_SIZE) * stride_cs  # the keys' slots (any `kv_layout`)
-        kv_mask = _tile_mask(valid, d, HEAD_DIM, D_PAD)
-        k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
-        qk = tl.where(valid[None, :], qk, _NEG)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
-        m_i = m_new
+    t_loop = t0
+    if PRELOAD:
+        if t0 < t1:  # (a row's one split always has a tile)
+            m_i, l_i, acc = _decode_tile(q, k_pre, v_pre, valid_pre, m_i, l_i, acc, scale_log2, DOT_PREC)
+        t_loop = t0 + 1
+    for t in range(t_loop, t1):
+        _, valid, k, v = _decode_kv_tile(
+            t, seq_len, start, bt_row, k_cache_ptr, v_cache_ptr, kv_off, d, stride_cb, stride_cs,
+            HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N,
+        )  # fmt: skip
+        m_i, l_i, acc = _decode_tile(q, k, v, valid, m_i, l_i, acc, scale_log2, DOT_PREC)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -332,6 +347,36 @@ def decode_kernel(
         tl.store(mid, o, mask=gd_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(mid_lse_ptr + i * stride_ml_r + head * stride_ml_h + split, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_kv_tile(
+    t, seq_len, start, bt_row, k_cache_ptr, v_cache_ptr, kv_off, d, stride_cb, stride_cs,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Key tile `t` of a decode row: its positions, which of them are keys to attend, its keys and values."""
+    n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_seq = n < seq_len
+    valid = in_seq & (n >= start)
+    page = tl.load(bt_row + n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
+    at = page * stride_cb + (n % BLOCK_SIZE) * stride_cs  # the keys' slots (any `kv_layout`)
+    kv_mask = _tile_mask(valid, d, HEAD_DIM, D_PAD)
+    k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
+    return n, valid, k, v
+
+
+@triton.jit
+def _decode_tile(q, k, v, valid, m_i, l_i, acc, scale_log2, DOT_PREC: tl.constexpr):
+    """One key tile into the online softmax of a query group."""
+    qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
+    qk = tl.where(valid[None, :], qk, _NEG)
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+    return m_new, l_i, acc
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_ml_r", "stride_ml_h"])
