@@ -46,8 +46,10 @@
 #                                            # down lets the norm in, QKV attention, on): int4 batch 1
 #                                            # with none / PDL off / norm / both / all, tests
 #   bash benchmarks/gpu_session.sh attnpreload  # a lone decode row's attention loading its first key tile
-#                                            # before it waits for QKV (`DECODE_PRELOAD`, off): tests, int4
-#                                            # and fp8 batch 1 with it and without, alternating
+#                                            # before it waits for QKV (`DECODE_PRELOAD`), QKV letting it
+#                                            # in at its start (`pdl_qkv_start`), o let in after the wait
+#                                            # (`DECODE_TRIGGER_LATE`), all off: tests, int4 and fp8 batch
+#                                            # 1 with each added, round-robin
 #   bash benchmarks/gpu_session.sh w8chain   # the W8A8 GEMVs of one decode row launched early, the norms
 #                                            # and attention after them too (`W8A8LinearMethod.pdl_norm`,
 #                                            # on since the 39th session): tests, fp8 and int8 batch 1 with
@@ -963,15 +965,28 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     done
     ;;
   attnpreload)  # a lone decode row's attention reading its metadata and first key tile before it waits
-    # for the QKV projection (`triton_backend.DECODE_PRELOAD`, off; 39th session, untimed): its GPU tests,
-    # then int4 and fp8 batch 1 with it and without, alternating
+    # for the QKV projection (`triton_backend.DECODE_PRELOAD`), then with QKV letting it in at its start
+    # (`pdl_qkv_start`), then with the attention letting o in after its wait (`DECODE_TRIGGER_LATE`); all
+    # off, 39th session, untimed: the GPU tests, then int4 and fp8 batch 1 with none, preload, start and
+    # late (each adding to the one before), round-robin (VARIANTS, REPS_LIST)
     python -m pytest -q -m gpu -p no:cacheprovider tests/layers/test_triton_attention.py \
       tests/quantization/test_w8a8_gpu.py tests/quantization/test_int4_on_the_fly.py \
       -k "pdl or preload or writes_the_new_keys" 2>&1 | tail -3
-    ON="import sys; from qwick.layers.attention import triton_backend as T; T.DECODE_PRELOAD = True
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    for q in int4 fp8; do
-      alternate b1_${q}_plain b1_${q}_preload "$ON" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization $q
+    for i in ${REPS_LIST:-1 2}; do
+      for q in int4 fp8; do
+        for v in ${VARIANTS:-none preload start late}; do
+          P=False; S=False; L=False
+          [ $v = none ] || P=True
+          [ $v = start ] || [ $v = late ] && S=True
+          [ $v = late ] && L=True
+          run b1_${q}_${v}_$i python -c "import sys; from qwick.layers.attention import triton_backend as T
+from qwick.quantization.int4 import PackedLinearMethod as P4
+from qwick.quantization.w8a8 import W8A8LinearMethod as P8
+T.DECODE_PRELOAD = $P; P4.pdl_qkv_start = P8.pdl_qkv_start = $S; T.DECODE_TRIGGER_LATE = $L
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench latency --num-iters 3 \
+            --shape qwen2.5-7b $SHORT --quantization $q --output-json "$OUT/b1_${q}_${v}_$i.json"
+        done
+      done
     done
     ;;
   fp8pdl)  # the fp8 o projection's row GEMV launched early after decode attention, its first two tiles

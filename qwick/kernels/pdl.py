@@ -5,6 +5,8 @@ kv head; `PackedLinearMethod.pdl_preload`, `W8A8LinearMethod.pdl_preload`). With
 through the layer boundary (`PackedLinearMethod.pdl_norm`, `LinearMethod.lets_next_in`): the down GEMV lets
 the next layer's input norm in and the QKV GEMV lets decode attention in, each once its programs are past
 their loops, and both launch early and wait at their start (+2.0-2.2% at batch 1 on H100s, 38th session).
+The 8-bit modes run the same chain with every one-row GEMV on activation codes launched early, its first
+weight tile loaded before it waits (`W8A8LinearMethod.pdl_norm`: +6.0-6.2% on an H100, 39th session).
 The int4 MLP chain after o (`pdl_mlp`, `pdl_down`) can launch early too but stays off: +1.8% on an H200,
 -7% on an H100.
 

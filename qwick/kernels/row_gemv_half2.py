@@ -266,6 +266,7 @@ def _w4_half2_kernel(
     PRELOAD: tl.constexpr,
     PRELOAD_ALL: tl.constexpr,
     TRIGGER: tl.constexpr,
+    TRIGGER_START: tl.constexpr,
 ):
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); tiles of BLOCK_W words of
     BLOCK_N rows, handled a quad of words (32 codes, inside one group) at a time. KW is a multiple of
@@ -273,6 +274,8 @@ def _w4_half2_kernel(
     silu(gate) * up of a [gate | up] weight instead (`_gated_epilogue`; one split), and with OUT_PAIRS
     also its `HalfPairs` at p_ptr. NORM_TAIL: then the residual add + RMSNorm of y (`rms_norm_tail`:
     res_ptr updated, the normalized row to nout_ptr and with OUT_PAIRS its `HalfPairs` to p_ptr)."""
+    if TRIGGER_START and not EMULATE:  # (TRIGGER at the program's start: `w4_half2_gemv`)
+        pdl_trigger()
     C: tl.constexpr = BLOCK_W // 4
     pid_n, pid_k, rn, n_ok, j_start, j_end, q_rows, s_rows, z_rows = row_split(
         qw_ptr, s_ptr, z_ptr, N, KW, stride_qn, stride_sn, SPLIT_K, BLOCK_N, BLOCK_W, GATED
@@ -329,8 +332,8 @@ def _w4_half2_kernel(
                 words = tl.load(q_rows + (j + rw)[None, :], mask=n_ok[:, None], other=0)
                 s, z = _tile_scales(s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
                 acc += s * _tile_part(words, x_ptr, j, quad, z, XPAIRS, DOT4, EMULATE)
-    if TRIGGER and not EMULATE:  # the next kernel may launch once every program is past its loop
-        pdl_trigger()
+    if TRIGGER and not TRIGGER_START and not EMULATE:  # the next kernel may launch once every program is
+        pdl_trigger()  # past its loop
     acc *= _X_DIV
     if GATED:
         _gated_epilogue(
@@ -421,6 +424,7 @@ def w4_half2_gemv(
     pairs: torch.Tensor | None = None,
     preload: bool = False,
     trigger: bool = False,
+    trigger_at_start: bool = False,
 ) -> torch.Tensor:
     """`x @ W.T + bias` for one row x [1, K] of bf16/fp16 activations and an int4 `QuantizedWeight`
     (`w4_half2_supported`), in f16x2 arithmetic (see the module docstring). `pairs`: x's `HalfPairs`
@@ -428,10 +432,11 @@ def w4_half2_gemv(
     `preload`: its programs load their split's first two tiles (one with the prefetch) before they wait
     for the kernel before, and the launch is a programmatic dependent one where the device has it
     (`qwick.kernels.pdl`); `trigger`: the next kernel may launch once this one's programs are past their
-    loops. The same sums either way."""
+    loops (with `trigger_at_start`, once they have started). The same sums either way."""
     return _launch(
-        x, weight, bias, ws, config, pairs, gated=False, out_pairs=None, preload=preload, trigger=trigger
-    )
+        x, weight, bias, ws, config, pairs, gated=False, out_pairs=None, preload=preload, trigger=trigger,
+        trigger_at_start=trigger_at_start,
+    )  # fmt: skip
 
 
 def normed_half2_config(n: int, kw: int, num_sms: int) -> RowGemvConfig | None:
@@ -531,6 +536,7 @@ def _launch(
     norm: NormAfter | None = None,
     preload: bool = False,
     trigger: bool = False,
+    trigger_at_start: bool = False,
 ) -> torch.Tensor | PairedRows:
     n, k = weight.shape
     if x.shape != (1, k) or not w4_half2_supported(weight, x):
@@ -586,6 +592,7 @@ def _launch(
         PRELOAD=preload,
         PRELOAD_ALL=preload and preload_fits(cfg, kw),
         TRIGGER=trigger and pdl_supported(x.device),
+        TRIGGER_START=trigger and trigger_at_start and pdl_supported(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),

@@ -239,6 +239,9 @@ class Linear(nn.Module):
         self.method = method if method is not None else LinearMethod()
         self.method.create_weights(self)
         self.bias = nn.Parameter(torch.zeros(self.output_size), requires_grad=False) if bias else None
+        # Decode attention follows it (a QKV projection): a few programs that load before they wait, so a
+        # one-row launch may let it in at its start (`pdl_qkv_start` of the int4 and W8A8 methods).
+        self.precedes_attention = False
 
     def forward(self, x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
         if isinstance(x, (QuantizedRows, PairedRows)):

@@ -69,6 +69,7 @@ class DecoderAttention(nn.Module):
             bias=flags.qkv_bias,
             method=_linear_method(quant_config, f"{prefix}.qkv_proj", ["q_proj", "k_proj", "v_proj"]),
         )
+        self.qkv_proj.precedes_attention = True
         self.o_proj = Linear(
             self.q_size,
             config.hidden_size,

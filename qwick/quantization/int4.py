@@ -154,6 +154,10 @@ class PackedLinearMethod(LinearMethod):
     pdl_mlp = False
     pdl_down = False
     pdl_norm = True
+    # Off until timed (39th session, written without device time left): the QKV GEMV lets decode
+    # attention in at its start, not past its loop, so that the attention's reads before its wait
+    # (`triton_backend.DECODE_PRELOAD`) overlap the whole projection (`Linear.precedes_attention`).
+    pdl_qkv_start = False
 
     @property
     def lets_next_in(self) -> bool:  # type: ignore[override]
@@ -240,15 +244,21 @@ class PackedLinearMethod(LinearMethod):
         if not isinstance(x, PairedRows):
             return self.apply(layer, x.x)
         weight = self.quantized_weight(layer)
-        pdl = self._pdl(x.x, weight, "row")
+        pdl = self._pdl(x.x, weight, "row", layer=layer)
         return w4_half2_gemv(x.x, weight, layer.bias, self.workspace, pairs=x.pairs, **pdl)
 
     def _pdl(
-        self, x: torch.Tensor, weight: QuantizedWeight, role: str, cfg: RowGemvConfig | None = None
+        self,
+        x: torch.Tensor,
+        weight: QuantizedWeight,
+        role: str,
+        cfg: RowGemvConfig | None = None,
+        layer: Linear | None = None,
     ) -> dict[str, bool]:
         """The `preload` and `trigger` of a one-row f16x2 launch (`pdl_preload`, `pdl_mlp`, `pdl_down`,
         `pdl_norm`): role "row" (the QKV and down projections), "normed" (o) or "gated" (gate/up); `cfg`
-        the launch's shape where it is not `default_half2_config`'s."""
+        the launch's shape where it is not `default_half2_config`'s. Role "row" also gives
+        `trigger_at_start` (`pdl_qkv_start`, for the `layer` before attention)."""
         from qwick.kernels.pdl import pdl_supported
         from qwick.kernels.row_gemv_half2 import default_half2_config, preload_fits
 
@@ -261,7 +271,8 @@ class PackedLinearMethod(LinearMethod):
         whole = self.pdl_preload and preload_fits(cfg, kw)
         if role == "normed":
             return {"preload": whole, "trigger": self.pdl_mlp}
-        return {"preload": whole or self.pdl_down, "trigger": self.pdl_norm}
+        start = self.pdl_qkv_start and layer is not None and layer.precedes_attention
+        return {"preload": whole or self.pdl_down, "trigger": self.pdl_norm, "trigger_at_start": start}
 
     def _fused_row(
         self,
@@ -333,7 +344,8 @@ class PackedLinearMethod(LinearMethod):
         m = x.shape[0]
         fast = w4_row_supported(weight)
         if m == 1 and self.decode_half2 and w4_half2_supported(weight, x):
-            return w4_half2_gemv(x, weight, layer.bias, self.workspace, **self._pdl(x, weight, "row"))
+            pdl = self._pdl(x, weight, "row", layer=layer)
+            return w4_half2_gemv(x, weight, layer.bias, self.workspace, **pdl)
         if m == 1 and fast:
             return w4_row_gemv(x, weight, layer.bias, self.workspace)
         tiled = fast and self.tiled_min_m <= m <= self.tiled_max_m

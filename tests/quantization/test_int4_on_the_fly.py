@@ -452,6 +452,33 @@ def test_pdl_chain_gives_the_same_tokens(tmp_path, monkeypatch):
     assert True in attention and False in attention  # decode attention too
 
 
+@pytest.mark.gpu
+def test_attention_preload_chain_gives_the_same_tokens(tmp_path, monkeypatch):
+    """`pdl_qkv_start`, `DECODE_PRELOAD` and `DECODE_TRIGGER_LATE` off, then on: the QKV GEMV lets decode
+    attention in at its start, the attention reads its first key tile before it waits and lets o in
+    after; the same greedy tokens as without (CUDA graphs on), and the QKV launches did trigger at their
+    start in the second run. A tile read before QKV's output (or the cache write) was ready would not."""
+    from qwick.kernels import row_gemv_half2 as h
+    from qwick.layers.attention import triton_backend
+
+    starts = []
+    real = h._launch
+
+    def spy(*args, trigger_at_start=False, **kwargs):
+        starts.append(trigger_at_start)
+        return real(*args, trigger_at_start=trigger_at_start, **kwargs)
+
+    monkeypatch.setattr(h, "_launch", spy)
+
+    def attention(value: bool) -> None:
+        monkeypatch.setattr(triton_backend, "DECODE_PRELOAD", value)
+        monkeypatch.setattr(triton_backend, "DECODE_TRIGGER_LATE", value)
+
+    off, on = _decode_with_and_without(tmp_path, monkeypatch, "pdl_qkv_start", also=attention)
+    assert off.token_ids == on.token_ids
+    assert True in starts and False in starts
+
+
 def test_pdl_roles_at_7b_shapes(monkeypatch):
     """`PackedLinearMethod._pdl` on a device with PDL: with the chain's switches off the QKV and o projections
     (at most two tiles a split) preload and nothing triggers; gate/up and down launch as before. `pdl_mlp`
@@ -492,6 +519,15 @@ def test_pdl_roles_at_7b_shapes(monkeypatch):
     monkeypatch.setattr(pdl, "pdl_supported", lambda device: True)
     assert roles() == [(True, True), (True, False), (False, False), (False, True)]
     assert method.lets_next_in
+    # `pdl_qkv_start` (off): the QKV projection, before attention, lets it in at its start; down never
+    before_attention, other = (
+        SimpleNamespace(precedes_attention=True),
+        SimpleNamespace(precedes_attention=False),
+    )
+    assert not method._pdl(x, qkv, "row", layer=before_attention)["trigger_at_start"]
+    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_qkv_start", True)
+    assert method._pdl(x, qkv, "row", layer=before_attention)["trigger_at_start"]
+    assert not method._pdl(x, down, "row", layer=other)["trigger_at_start"]
     monkeypatch.setattr(RtnInt4LinearMethod, "decode_half2", False)  # no f16x2 GEMV lets anything in
     assert not method.lets_next_in
 

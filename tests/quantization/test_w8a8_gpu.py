@@ -184,3 +184,43 @@ def test_pdl_norm_changes_nothing(mode, tmp_path, monkeypatch):
         assert any(early_calls) is on
         early_calls.clear()
     assert torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+def test_attention_preload_chain_changes_nothing(mode, tmp_path, monkeypatch):
+    """`W8A8LinearMethod.pdl_qkv_start`, `DECODE_PRELOAD` and `DECODE_TRIGGER_LATE` off, then on: the QKV
+    GEMV lets decode attention in at its start, the attention reads its first key tile before it waits and
+    lets o in after. bf16 model, CUDA graphs on: the same logits bit for bit, and the QKV GEMVs did
+    trigger at their start in the second run."""
+    from qwick.kernels import gemv as gemv_module
+    from qwick.layers.attention import triton_backend
+    from qwick.quantization.w8a8 import W8A8LinearMethod
+
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    make_tiny_model("qwen2", str(tmp_path))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    starts = []
+    real = gemv_module.gemv
+
+    def spy(*args, trigger_at_start=False, **kwargs):
+        starts.append(trigger_at_start)
+        return real(*args, trigger_at_start=trigger_at_start, **kwargs)
+
+    monkeypatch.setattr(gemv_module, "gemv", spy)
+    logits = []
+    for on in (False, True):
+        monkeypatch.setattr(W8A8LinearMethod, "pdl_qkv_start", on)
+        monkeypatch.setattr(triton_backend, "DECODE_PRELOAD", on)
+        monkeypatch.setattr(triton_backend, "DECODE_TRIGGER_LATE", on)
+        llm = LLM(
+            str(tmp_path), dtype="bfloat16", quantization=mode, num_gpu_blocks_override=64, max_model_len=128
+        )
+        assert llm.llm_engine.core.runner.backend.decode_preload is on
+        recorder = LogitsRecorder(llm)
+        out = llm.generate([list(range(3, 23))], params, use_tqdm=False)[0]
+        logits.append(torch.stack(recorder.by_request[out.request_id]))
+        del llm
+        assert any(starts) is on
+        starts.clear()
+    assert torch.equal(logits[0], logits[1])

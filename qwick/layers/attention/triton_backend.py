@@ -68,6 +68,10 @@ FUSE_DECODE_WRITE = True
 # timing; `bash benchmarks/gpu_session.sh attnpreload`). The attention takes ~7.9 us a layer at batch 1
 # on an H100 without programmatic dependent launch, fp8 profile of that session.
 DECODE_PRELOAD = False
+# With it, the decode kernel lets the o projection in after its wait rather than at its start: where the
+# QKV GEMV lets the attention in at its start (`pdl_qkv_start`), o's programs would otherwise launch while
+# QKV still streams. Off until timed (39th session, written without device time left).
+DECODE_TRIGGER_LATE = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
@@ -151,6 +155,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.fuse_rope = FUSE_ROPE
         self.fuse_decode_write = FUSE_DECODE_WRITE
         self.decode_preload = DECODE_PRELOAD
+        self.decode_trigger_late = DECODE_TRIGGER_LATE
         # The decode kernel launched early (`qwick.kernels.pdl`), waiting at its start: where the QKV
         # projection before it lets it in (`LinearMethod.lets_next_in`).
         self.pdl_early_decode = early_decode
@@ -490,6 +495,7 @@ class TritonAttentionBackend(AttentionBackend):
             PDL_TRIGGER=splits == 1 and pdl,
             PDL_WAIT=early,
             PRELOAD=self.decode_preload and write is not None and splits == 1 and plan.num_decode == 1,
+            TRIGGER_LATE=self.decode_trigger_late,
             **cfg,
             **({"launch_pdl": True} if early else {}),
         )

@@ -238,6 +238,7 @@ def decode_kernel(
     PDL_TRIGGER: tl.constexpr,
     PDL_WAIT: tl.constexpr,
     PRELOAD: tl.constexpr,
+    TRIGGER_LATE: tl.constexpr,
 ):
     """Flash-decoding over one split of a row's context for one kv head's query group. With FUSED_WRITE
     (q, k, v the step's unrotated projections; `write_kv_rope`'s work done here): the queries are rotated
@@ -248,8 +249,9 @@ def decode_kernel(
     the wait of an early launch (`qwick.kernels.pdl`). Only the step's q, k and v come from the kernel
     before; everything else was written by kernels that had ended before that one could let this one in.
     The tile's slot of the new key, read before this kernel writes it, takes the written value from
-    registers: the same tile as the loop would read, so the same bits."""
-    if PDL_TRIGGER:  # the next kernel may launch now (qwick.kernels.pdl: the o projection's weights)
+    registers: the same tile as the loop would read, so the same bits. TRIGGER_LATE: PDL_TRIGGER's
+    trigger after the wait (and the preload), not at the start."""
+    if PDL_TRIGGER and not TRIGGER_LATE:  # the next kernel may launch now (the o projection's weights)
         pdl_trigger()
     if PDL_WAIT and not PRELOAD:  # launched early: nothing is read before the kernel before has ended
         pdl_wait()
@@ -286,6 +288,8 @@ def decode_kernel(
         )  # fmt: skip
         if PDL_WAIT:
             pdl_wait()
+    if PDL_TRIGGER and TRIGGER_LATE:
+        pdl_trigger()
     q_row = q_ptr + tok * stride_qt + head[:, None] * stride_qh
     q = tl.load(q_row + d[None, :], mask=gd_mask, other=0.0)
     if FUSED_WRITE:  # D_PAD == HEAD_DIM, a power of two: each column's partner is in the other half
