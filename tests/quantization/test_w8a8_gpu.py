@@ -13,6 +13,8 @@ tokens in a CPU emulation, so small differences in the fp8 sums flip activation 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -147,43 +149,65 @@ def test_fused_activation_codes_change_nothing(mode, grouped, tmp_path, monkeypa
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("mode", ["fp8", "int8"])
-def test_pdl_norm_changes_nothing(mode, tmp_path, monkeypatch):
-    """`W8A8LinearMethod.pdl_norm` (on by default) against off: one decode row's W8A8 GEMVs launch early, each
-    split's first weight tile loaded before they wait, and let the next kernel in after their loops; the
-    input norms after the down projections and decode attention after QKV launch early too. bf16 model,
-    CUDA graphs on: the same logits bit for bit as with it off, and the GEMVs did launch early with it."""
+def _same_logits_with_switches(
+    mode: str,
+    tmp_path,
+    monkeypatch,
+    switch: Callable[[bool], None],
+    marked: Callable[[dict], bool],
+    backend_flag: str,
+) -> None:
+    """A tiny bf16 model's decode logits (CUDA graphs on) with `switch(False)`, then `switch(True)`: the
+    same bits; `marked(kwargs)` holds of some skinny-GEMM launch only in the second run, and the attention
+    backend's `backend_flag` is on only then."""
     from qwick.kernels import gemv as gemv_module
     from qwick.kernels.pdl import pdl_supported
-    from qwick.quantization.w8a8 import W8A8LinearMethod
 
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     assert pdl_supported(torch.device("cuda")), "the chain needs a GPU with programmatic dependent launch"
     make_tiny_model("qwen2", str(tmp_path))
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    early_calls = []
+    seen = []
     real = gemv_module.gemv
 
-    def spy(*args, preload=False, trigger=False, **kwargs):
-        early_calls.append(preload and trigger)
-        return real(*args, preload=preload, trigger=trigger, **kwargs)
+    def spy(*args, **kwargs):
+        seen.append(marked(kwargs))
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(gemv_module, "gemv", spy)
     logits = []
     for on in (False, True):
-        monkeypatch.setattr(W8A8LinearMethod, "pdl_norm", on)
+        switch(on)
         llm = LLM(
             str(tmp_path), dtype="bfloat16", quantization=mode, num_gpu_blocks_override=64, max_model_len=128
         )
-        assert llm.llm_engine.core.runner.backend.pdl_early_decode is on
+        assert getattr(llm.llm_engine.core.runner.backend, backend_flag) is on
         recorder = LogitsRecorder(llm)
         out = llm.generate([list(range(3, 23))], params, use_tqdm=False)[0]
         logits.append(torch.stack(recorder.by_request[out.request_id]))
         del llm
-        assert any(early_calls) is on
-        early_calls.clear()
+        assert any(seen) is on
+        seen.clear()
     assert torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+def test_pdl_norm_changes_nothing(mode, tmp_path, monkeypatch):
+    """`W8A8LinearMethod.pdl_norm` (on by default) against off: one decode row's W8A8 GEMVs launch early, each
+    split's first weight tile loaded before they wait, and let the next kernel in after their loops; the
+    input norms after the down projections and decode attention after QKV launch early too. bf16 model,
+    CUDA graphs on: the same logits bit for bit as with it off, and the GEMVs did launch early with it."""
+    from qwick.quantization.w8a8 import W8A8LinearMethod
+
+    _same_logits_with_switches(
+        mode,
+        tmp_path,
+        monkeypatch,
+        lambda on: monkeypatch.setattr(W8A8LinearMethod, "pdl_norm", on),
+        lambda kw: kw.get("preload", False) and kw.get("trigger", False),
+        "pdl_early_decode",
+    )
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
@@ -192,35 +216,14 @@ def test_attention_preload_chain_changes_nothing(mode, tmp_path, monkeypatch):
     GEMV lets decode attention in at its start, the attention reads its first key tile before it waits and
     lets o in after. bf16 model, CUDA graphs on: the same logits bit for bit, and the QKV GEMVs did
     trigger at their start in the second run."""
-    from qwick.kernels import gemv as gemv_module
     from qwick.layers.attention import triton_backend
     from qwick.quantization.w8a8 import W8A8LinearMethod
 
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test run without a GPU")
-    make_tiny_model("qwen2", str(tmp_path))
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    starts = []
-    real = gemv_module.gemv
-
-    def spy(*args, trigger_at_start=False, **kwargs):
-        starts.append(trigger_at_start)
-        return real(*args, trigger_at_start=trigger_at_start, **kwargs)
-
-    monkeypatch.setattr(gemv_module, "gemv", spy)
-    logits = []
-    for on in (False, True):
+    def switch(on: bool) -> None:
         monkeypatch.setattr(W8A8LinearMethod, "pdl_qkv_start", on)
         monkeypatch.setattr(triton_backend, "DECODE_PRELOAD", on)
         monkeypatch.setattr(triton_backend, "DECODE_TRIGGER_LATE", on)
-        llm = LLM(
-            str(tmp_path), dtype="bfloat16", quantization=mode, num_gpu_blocks_override=64, max_model_len=128
-        )
-        assert llm.llm_engine.core.runner.backend.decode_preload is on
-        recorder = LogitsRecorder(llm)
-        out = llm.generate([list(range(3, 23))], params, use_tqdm=False)[0]
-        logits.append(torch.stack(recorder.by_request[out.request_id]))
-        del llm
-        assert any(starts) is on
-        starts.clear()
-    assert torch.equal(logits[0], logits[1])
+
+    _same_logits_with_switches(
+        mode, tmp_path, monkeypatch, switch, lambda kw: kw.get("trigger_at_start", False), "decode_preload"
+    )
