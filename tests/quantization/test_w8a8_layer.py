@@ -349,3 +349,18 @@ def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
     assert layer.input_quant(rows(1, torch.float32)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
     weight_only = W8A8LinearMethod(qdtype, checkpoint=False, quantize_activations=False)
     assert _layer(weight_only, 288, 320, bias=False).cuda().input_quant(rows(40)) is None
+
+
+def test_only_the_codes_path_lets_the_next_kernel_in(monkeypatch):
+    """`lets_next_in` (the early norm and decode attention after a projection): with `pdl_norm`, only the
+    per-channel W8A8 decode GEMV on activation codes triggers; weight-only (W8A16) and block-scaled layers
+    never do, and nothing does with `pdl_norm` off."""
+    assert W8A8LinearMethod(FP8_DTYPE, checkpoint=False).lets_next_in
+    assert W8A8LinearMethod(torch.int8, checkpoint=False).lets_next_in
+    assert not W8A8LinearMethod(FP8_DTYPE, checkpoint=False, quantize_activations=False).lets_next_in
+    assert not W8A8LinearMethod(FP8_DTYPE, checkpoint=True, block=(128, 128)).lets_next_in
+    monkeypatch.setattr(W8A8LinearMethod, "decode_w8a8", False)
+    assert not W8A8LinearMethod(FP8_DTYPE, checkpoint=False).lets_next_in
+    monkeypatch.undo()
+    monkeypatch.setattr(W8A8LinearMethod, "pdl_norm", False)
+    assert not W8A8LinearMethod(FP8_DTYPE, checkpoint=False).lets_next_in
