@@ -154,10 +154,10 @@ class PackedLinearMethod(LinearMethod):
     pdl_mlp = False
     pdl_down = False
     pdl_norm = True
-    # Off until timed (39th session, written without device time left): the QKV GEMV lets decode
-    # attention in at its start, not past its loop, so that the attention's reads before its wait
-    # (`triton_backend.DECODE_PRELOAD`) overlap the whole projection (`Linear.precedes_attention`).
-    pdl_qkv_start = False
+    # The QKV GEMV lets decode attention in at its start, not past its loop, so that the attention's reads
+    # before its wait (`triton_backend.DECODE_PRELOAD`) overlap the whole projection
+    # (`Linear.precedes_attention`); figures beside `DECODE_PRELOAD` (40th session).
+    pdl_qkv_start = True
 
     @property
     def lets_next_in(self) -> bool:  # type: ignore[override]

@@ -173,10 +173,10 @@ class W8A8LinearMethod(LinearMethod):
     # same tokens. H100, 7b shapes, batch 1, alternating in one call: fp8 325.5 and 325.9 decode tok/s
     # against 306.6 and 306.7 (+6.2%), int8 321.6 and 321.8 against 303.6 and 303.6 (+6.0%) (39th session).
     pdl_norm = True
-    # Off until timed (39th session, written without device time left): the QKV GEMV lets decode
-    # attention in at its start, not past its loop, so that the attention's reads before its wait
-    # (`triton_backend.DECODE_PRELOAD`) overlap the whole projection (`Linear.precedes_attention`).
-    pdl_qkv_start = False
+    # The QKV GEMV lets decode attention in at its start, not past its loop, so that the attention's reads
+    # before its wait (`triton_backend.DECODE_PRELOAD`) overlap the whole projection
+    # (`Linear.precedes_attention`); figures beside `DECODE_PRELOAD` (40th session).
+    pdl_qkv_start = True
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against

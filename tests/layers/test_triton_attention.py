@@ -634,7 +634,7 @@ def test_decode_kernel_writes_the_new_keys_itself(heads, kv_heads, head_dim, spl
     "context,window", [(0, None), (30, None), (31, None), (32, None), (70, None), (70, 20)]
 )
 def test_decode_preload_gives_the_same_bits(context, window, kv_fp8):
-    """`decode_preload` (off until timed): a lone decode row's kernel reads its first key tile before the
+    """`decode_preload` (`DECODE_PRELOAD`, on): a lone decode row's kernel reads its first key tile before the
     new key is written (before the wait of an early launch) and takes that key from registers. The output
     and the cache are bit for bit those without it: new keys at the start, middle and end of a tile (and
     the next tile's first), past a window, a padding row's slot (-1) read as the cache holds it."""

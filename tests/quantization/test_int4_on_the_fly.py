@@ -515,19 +515,19 @@ def test_pdl_roles_at_7b_shapes(monkeypatch):
     assert roles() == [(True, False), (True, True), (True, True), (True, False)]
     monkeypatch.setattr(RtnInt4LinearMethod, "pdl_norm", True)  # QKV and down let the next kernel in
     assert roles() == [(True, True)] * 4
-    monkeypatch.undo()  # the defaults: `pdl_norm` alone
+    monkeypatch.undo()  # the defaults: `pdl_norm` and `pdl_qkv_start`
     monkeypatch.setattr(pdl, "pdl_supported", lambda device: True)
     assert roles() == [(True, True), (True, False), (False, False), (False, True)]
     assert method.lets_next_in
-    # `pdl_qkv_start` (off): the QKV projection, before attention, lets it in at its start; down never
+    # `pdl_qkv_start`: the QKV projection, before attention, lets it in at its start; down never
     before_attention, other = (
         SimpleNamespace(precedes_attention=True),
         SimpleNamespace(precedes_attention=False),
     )
-    assert not method._pdl(x, qkv, "row", layer=before_attention)["trigger_at_start"]
-    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_qkv_start", True)
     assert method._pdl(x, qkv, "row", layer=before_attention)["trigger_at_start"]
     assert not method._pdl(x, down, "row", layer=other)["trigger_at_start"]
+    monkeypatch.setattr(RtnInt4LinearMethod, "pdl_qkv_start", False)
+    assert not method._pdl(x, qkv, "row", layer=before_attention)["trigger_at_start"]
     monkeypatch.setattr(RtnInt4LinearMethod, "decode_half2", False)  # no f16x2 GEMV lets anything in
     assert not method.lets_next_in
 

@@ -64,14 +64,15 @@ FUSE_DECODE_WRITE = True
 # A lone decode row's decode kernel with the write fused and one split reads the row's metadata and first
 # key tile before it waits for the QKV projection (launched early after it, `pdl_early_decode`), so those
 # dependent loads (row, block table, keys) overlap the projection's tail: see `decode_kernel`'s PRELOAD.
-# Off until timed (39th session: its GPU tests passed on an H100, the device time ran out before the
-# timing; `bash benchmarks/gpu_session.sh attnpreload`). The attention takes ~7.9 us a layer at batch 1
-# on an H100 without programmatic dependent launch, fp8 profile of that session.
-DECODE_PRELOAD = False
-# With it, the decode kernel lets the o projection in after its wait rather than at its start: where the
-# QKV GEMV lets the attention in at its start (`pdl_qkv_start`), o's programs would otherwise launch while
-# QKV still streams. Off until timed (39th session, written without device time left).
-DECODE_TRIGGER_LATE = False
+# With it, the QKV GEMV lets the attention in at its start (`pdl_qkv_start`) and the attention lets the o
+# projection in after its wait (`DECODE_TRIGGER_LATE`), so o's programs do not launch while QKV still
+# streams. H100, 7b shapes, batch 1, decode tok/s, round-robin in one machine's calls (40th session,
+# `gpu_session.sh attnpreload`): int4 476.3 and 475.7 with none of the three, 479.4 and 478.9 with the
+# preload and the early start, 487.0 and 487.3 with all three (+2.3%); fp8 325.7 and 325.6 with none,
+# 325.7 with the preload alone, 330.5 and 330.4 with the start, 330.8 and 330.9 with all three (+1.6%);
+# int8 322.6 with none, 328.4 with all three (+1.8%).
+DECODE_PRELOAD = True
+DECODE_TRIGGER_LATE = True
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
