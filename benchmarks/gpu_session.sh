@@ -154,13 +154,19 @@ ALL="import sys; from qwick.runner.model_runner import ModelRunner as R; i = R._
 R.__init__ = lambda s, *a, **k: (i(s, *a, **k), setattr(s, 'sampled_rows_only', False))[0]; \
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
 
-run() {  # name, command...: log to $OUT/name.log, print the figures
+run() {  # name, command...: log the command and its output to $OUT/name.log, print the name and figures
+  # (not the command: a device call returns only its output's last 12,000 characters) and add them to
+  # $OUT/00_summary.txt (a device call brings back 8 files, and this one sorts first)
   local name=$1
   shift
-  echo "== $name: $*"
-  "$@" >"$OUT/$name.log" 2>&1
-  echo "   exit $? $(grep -ho '"\(decode_tokens_per_s\|ttft_ms\|output_tokens_per_s\)": [0-9.]*' "$OUT/$name.log" \
+  echo "== $name"
+  local rc line
+  { echo "\$ $*"; "$@"; } >"$OUT/$name.log" 2>&1
+  rc=$?
+  line="   exit $rc $(grep -ho '"\(decode_tokens_per_s\|ttft_ms\|output_tokens_per_s\)": [0-9.]*' "$OUT/$name.log" \
     | head -3 | tr '\n' ' ')"
+  echo "$line"
+  echo "$name $line" >>"$OUT/00_summary.txt"
 }
 
 alternate() {  # name_a name_b patch args...: the CLI with args as it is (a) and with the python patch (b),
