@@ -64,6 +64,7 @@ FUSE_DECODE_WRITE = True
 # A lone decode row's decode kernel with the write fused and one split reads the row's metadata and first
 # key tile before it waits for the QKV projection (launched early after it, `pdl_early_decode`), so those
 # dependent loads (row, block table, keys) overlap the projection's tail: see `decode_kernel`'s PRELOAD.
+# On a GPU it does so only in that early launch, after the int4 and W8A8 QKV GEMVs; bf16 keeps its kernel.
 # With it, the QKV GEMV lets the attention in at its start (`pdl_qkv_start`) and the attention lets the o
 # projection in after its wait (`DECODE_TRIGGER_LATE`), so o's programs do not launch while QKV still
 # streams. H100, 7b shapes, batch 1, decode tok/s, round-robin in one machine's calls (40th session,
@@ -454,6 +455,10 @@ class TritonAttentionBackend(AttentionBackend):
         grid = (num_kv_heads, plan.num_decode) if self.longest_first else (plan.num_decode, num_kv_heads)
         pdl = pdl_supported(q.device)
         early = self.pdl_early_decode and pdl and q.shape[0] == 1  # batch 1: after the one-row QKV GEMV
+        # The early reads overlap something only in an early launch; without programmatic dependent launch
+        # (Triton's interpreter, older GPUs) they run anyway, so that their code is tested there.
+        preload = self.decode_preload and (early or not pdl) and write is not None and splits == 1
+        preload = preload and plan.num_decode == 1
         decode_kernel[(*grid, splits)](
             q,
             kv_cache[0],
@@ -495,7 +500,7 @@ class TritonAttentionBackend(AttentionBackend):
             FUSED_WRITE=write is not None,
             PDL_TRIGGER=splits == 1 and pdl,
             PDL_WAIT=early,
-            PRELOAD=self.decode_preload and write is not None and splits == 1 and plan.num_decode == 1,
+            PRELOAD=preload,
             TRIGGER_LATE=self.decode_trigger_late,
             **cfg,
             **({"launch_pdl": True} if early else {}),
