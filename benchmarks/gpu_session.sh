@@ -50,6 +50,9 @@
 #                                            # in at its start (`pdl_qkv_start`), o let in after the wait
 #                                            # (`DECODE_TRIGGER_LATE`), all on since the 40th: tests,
 #                                            # int4 and fp8 batch 1 with each added, round-robin
+#   bash benchmarks/gpu_session.sh targets   # issue 7's batch-1 table in one short call (bf16, fp8, int8,
+#                                            # int4), then int4 with its MLP chain (`pdl_mlp`, `pdl_down`)
+#                                            # and without, alternating: for an H200
 #   bash benchmarks/gpu_session.sh w8chain   # the W8A8 GEMVs of one decode row launched early, the norms
 #                                            # and attention after them too (`W8A8LinearMethod.pdl_norm`,
 #                                            # on since the 39th session): tests, fp8 and int8 batch 1 with
@@ -188,6 +191,18 @@ case "${1:-}" in
       --ignore=tests/kernels --ignore=tests/layers 2>&1 \
       | tail -15
     python -m pytest -q -p no:cacheprovider tests/entrypoints/test_llm_structured.py 2>&1 | tail -3
+    ;;
+  targets)  # issue 7's batch-1 decode table (bf16, fp8, int8, int4), then int4's MLP chain (`pdl_mlp` and
+    # `pdl_down`, off: +1.8% alone on an H200 and -7% on an H100 in the 38th) on top of the defaults,
+    # alternating (REPS_LIST)
+    run bf16 $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/lat_bf16.json"
+    for q in fp8 int8 int4; do
+      run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
+    done
+    MLP="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.pdl_mlp = P.pdl_down = True
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    alternate b1_int4_default b1_int4_mlp "$MLP" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
+      --quantization int4
     ;;
   latency)
     run bf16 $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/lat_bf16.json"
@@ -1021,7 +1036,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac
