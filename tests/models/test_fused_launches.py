@@ -123,3 +123,17 @@ def test_bf16_gated_decode_gives_the_same_tokens(tiny_path, monkeypatch):
         del llm
     assert outs[0] == outs[1]
     assert gated_rows and set(gated_rows) <= set(range(1, 17))
+
+
+def test_only_the_qkv_projections_precede_attention(tiny_path):
+    """`Linear.precedes_attention` (a one-row QKV GEMV may let decode attention in at its start,
+    `pdl_qkv_start`): set on every layer's QKV projection and on no other linear layer (the LM head too)."""
+    from qwick.layers.linear import Linear
+
+    llm = LLM(tiny_path, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=4)
+    marked = {
+        name
+        for name, m in llm.llm_engine.core.runner.model.named_modules()
+        if isinstance(m, Linear) and m.precedes_attention
+    }
+    assert marked == {f"model.layers.{i}.self_attn.qkv_proj" for i in range(LAYERS)}
