@@ -333,7 +333,10 @@ def default_config(m: int, n: int, k: int, num_sms: int, w_bytes: int = 2, codes
     us in CUDA graphs; `W8A8LinearMethod.row_gemv_max_n`, BENCHMARKS.md).
     """
     if codes:  # 8-bit codes times 8-bit activation codes (benchmarks/w8a8_gemv_sweep.py, M = 1): 64 x 256
-        # tiles, three stages, within 2% of the best of 12-36 launch shapes on every 7b layer (fp8 and int8)
+        # tiles, three stages, within 2% of the best of 12-36 launch shapes on every 7b layer (fp8 and int8).
+        # 41st session, H100, graph-timed (`CONFIGS=... benchmarks/b1_gemv_graph_sweep.py`): splits that
+        # are not powers of two (down 5-7, 10, 12; qkv 3, 5, 7) gained nothing, and gate/up's 0.7-1.5% with
+        # four stages alone turned into -0.5% (int8) and -1.1% (fp8) of batch-1 decode in the engine.
         return GemvConfig(64, 256, 1 if n >= 16384 else (8 if k >= 12288 else 4), num_stages=3)
     if w_bytes == 1:  # fp8 / int8 codes against 16-bit activations (the o projection and LM head at batch 1)
         # Timed in CUDA graphs over L2-overflowing weight copies (benchmarks/b1_gemv_graph_sweep.py, H200,

@@ -150,7 +150,9 @@ class PackedLinearMethod(LinearMethod):
     # all three against 529.6 and 530.5 without (+4.9%), 539.4 and 539.3 with `pdl_mlp` and `pdl_down`
     # (+1.8%). The MLP chain stays off for the H100's loss (its trigger at the launch's start lost 5-6%
     # there in the 37th session), likely as gate/up's waiting programs and preloads take SM slots and
-    # bandwidth o still needs; whether it adds to `pdl_norm` on an H200 is not timed.
+    # bandwidth o still needs; whether it adds to `pdl_norm` on an H200 is not timed. With the 40th
+    # session's defaults (`pdl_norm`, decode attention's early reads) it lost 10.9% on an H100 in the 41st:
+    # 433.9 and 435.0 against 487.5 and 486.7, alternating in one call.
     pdl_mlp = False
     pdl_down = False
     pdl_norm = True
