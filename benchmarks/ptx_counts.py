@@ -99,13 +99,28 @@ def extend(fp8: bool, stages: int, spare: bool = False):
     return compile_ptx(extend_kernel, sig, const, div, 8, stages)
 
 
-def gemv(weight: str, block_n: int, block_k: int, split: int, stages: int):
+def gemv(
+    weight: str,
+    block_n: int,
+    block_k: int,
+    split: int,
+    stages: int,
+    codes: bool = False,
+    x_group: int = 0,
+    even_k: bool = True,
+):
+    """W8A16 (bf16 activations), or with `codes` W8A8 as one early-launched decode row runs it (activation
+    codes of the weight's type, the first tile preloaded, the trigger past the loop; `x_group`: a scale
+    per that many columns, as the down projection's SiLU-and-mul codes)."""
     w = {"fp8": "*fp8e4nv", "int8": "*i8"}[weight]
-    sig = {"x_ptr": "*bf16", "w_ptr": w, "s_ptr": "*fp32", "xs_ptr": "*fp32", "b_ptr": "*bf16"}
+    sig = {"x_ptr": w if codes else "*bf16", "w_ptr": w, "s_ptr": "*fp32", "xs_ptr": "*fp32"}
+    sig |= {"b_ptr": "*bf16"}
     sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
     sig |= {n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "stride_xs")}
-    const = dict(HAS_SCALE=True, X_CODES=False, X_GROUP=0, INT_DOT=False, HAS_BIAS=False)
-    const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True)
+    int_dot = codes and weight == "int8"  # as `gemv` launches int8 codes, with groups too
+    const = dict(HAS_SCALE=True, X_CODES=codes, X_GROUP=x_group, INT_DOT=int_dot, HAS_BIAS=False)
+    const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even_k)
+    const |= dict(PRELOAD=codes, TRIGGER=codes)
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
@@ -150,6 +165,12 @@ VARIANTS = {
     "extend bf16 with spare tiles (a graph's)": lambda: extend(False, 2, spare=True),
     "gemv fp8 W8A16 (32 x 256)": lambda: gemv("fp8", 32, 256, 4, 3),
     "gemv int8 W8A16 (32 x 256)": lambda: gemv("int8", 32, 256, 4, 3),
+    # the batch-1 W8A8 launches at 7b shapes (`default_config`): gate/up on 3 stages and on 4, down
+    "gemv W8A8 fp8 gate/up (64 x 256, 3 stages)": lambda: gemv("fp8", 64, 256, 1, 3, codes=True),
+    "gemv W8A8 fp8 gate/up (64 x 256, 4 stages)": lambda: gemv("fp8", 64, 256, 1, 4, codes=True),
+    "gemv W8A8 int8 gate/up (64 x 256, 3 stages)": lambda: gemv("int8", 64, 256, 1, 3, codes=True),
+    "gemv W8A8 fp8 down (64 x 256, split 8)": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False),
+    "gemv W8A8 int8 down (64 x 256, split 8)": lambda: gemv("int8", 64, 256, 8, 3, True, 512, False),
     "half2 int4 GEMV (gate/up, 32 rows)": lambda: half2(False),
     "half2 int4 GEMV with SiLU-and-mul (gate/up, 32 rows)": lambda: half2(True),
     "half2 int4 GEMV (o, 64 rows, 8 warps, split 8)": lambda: half2(False, 64, 8, 8),
@@ -161,27 +182,41 @@ VARIANTS = {
 }
 
 
-def sass_counts(kernel) -> tuple[int, Counter]:
-    """Static SASS instructions of a compiled kernel, in all and by opcode (without modifiers)."""
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+def _cubin_tool(kernel, tool: str, *args: str) -> str:
+    """The output of one of the CUDA binary tools Triton ships on the kernel's cubin."""
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([path, *args, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def registers(kernel) -> int:
+    """Registers a thread (what, with shared memory, bounds the programs resident on an SM)."""
+    return int(re.search(r"REG:(\d+)", _cubin_tool(kernel, "cuobjdump", "--dump-resource-usage")).group(1))
+
+
+def sass_counts(kernel) -> tuple[int, Counter]:
+    """Static SASS instructions of a compiled kernel, in all and by opcode (without modifiers)."""
+    sass = _cubin_tool(kernel, "nvdisasm", "-c")
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
     return len(ops), Counter(op.split(".")[0] for op in ops)
 
 
 def main() -> None:
     prefix = sys.argv[1] if len(sys.argv) > 1 else ""
-    print(f"Triton {triton.__version__}, sm_90 PTX; counts of: {', '.join(COUNTED)}, then shared memory")
+    print(
+        f"Triton {triton.__version__}, sm_90 PTX; counts of: {', '.join(COUNTED)}, then shared memory and "
+        "registers a thread"
+    )
     for name, build in VARIANTS.items():
         if not name.startswith(prefix):
             continue
         kernel = build()
         ptx = kernel.asm["ptx"]
         counts = " ".join(f"{len(re.findall(re.escape(op), ptx)):4d}" for op in COUNTED)
-        print(f"{name:42s} {counts}  {kernel.metadata.shared // 1024} KB", flush=True)
+        resources = f"{kernel.metadata.shared // 1024} KB, {registers(kernel)} regs"
+        print(f"{name:42s} {counts}  {resources}", flush=True)
         total, ops = sass_counts(kernel)
         print(f"{'  SASS':42s} {total} in all; " + " ".join(f"{op} {ops.get(op, 0)}" for op in SASS_COUNTED))
 
