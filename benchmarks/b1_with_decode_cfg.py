@@ -17,10 +17,12 @@ with open(sys.argv[1]) as f:
 default_cfg = TritonAttentionBackend._decode_cfg
 
 
-def decode_cfg(self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int) -> dict:
+def decode_cfg(
+    self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int, preload: bool = False
+) -> dict:
     if num_rows == 1 and itemsize == 2 and not kv_fp8 and self.decode_config is None:
         return one_row
-    return default_cfg(self, head_dim, itemsize, kv_fp8, num_rows)
+    return default_cfg(self, head_dim, itemsize, kv_fp8, num_rows, preload)
 
 
 TritonAttentionBackend._decode_cfg = decode_cfg

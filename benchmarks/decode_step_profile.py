@@ -133,6 +133,9 @@ if out:
     print("per launch shape, 20 steps: count, mean us, total us per step")
     for (name, grid), durs in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
         print(f" {name:60s} {grid:16s} {len(durs):5d} {statistics.mean(durs):8.2f} {sum(durs) / 20:9.1f}")
+    from critical_path import report  # beside this script
+
+    print(report(trace, 20), flush=True)
 while eng.has_unfinished_requests():
     eng.step()
 for bs in [int(b) for b in os.environ.get("BATCHES", "8,16,64").split(",") if b]:

@@ -50,6 +50,10 @@
 #                                            # in at its start (`pdl_qkv_start`), o let in after the wait
 #                                            # (`DECODE_TRIGGER_LATE`), all on since the 40th: tests,
 #                                            # int4 and fp8 batch 1 with each added, round-robin
+#   bash benchmarks/gpu_session.sh preloadtile  # a lone decode row reading its short context whole
+#                                            # before its wait (256-key tiles, `DECODE_PRELOAD_TILE`, on
+#                                            # since the 42nd): tests, fp8 / int8 / int4 batch 1 with it and
+#                                            # with the 128-key tiles, alternating
 #   bash benchmarks/gpu_session.sh targets   # issue 7's batch-1 table in one short call (bf16, fp8, int8,
 #                                            # int4), then int4 with its MLP chain (`pdl_mlp`, `pdl_down`)
 #                                            # and without, alternating: for an H200
@@ -1009,6 +1013,20 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
             --shape qwen2.5-7b $SHORT --quantization $q --output-json "$OUT/b1_${q}_${v}_$i.json"
         done
       done
+    done
+    ;;
+  preloadtile)  # a lone decode row reading early takes its keys 256 at a time on 8 warps, one stage
+    # (`triton_backend.DECODE_PRELOAD_TILE`, on since the 42nd session: +1.5-1.9% on an H100), so a short
+    # context is read whole before the wait: its GPU tests, then fp8, int8 and int4 batch 1 with it and with
+    # the 128-key tiles (3 stages) it replaced, alternating (REPS_LIST)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/layers/test_triton_attention.py \
+      -k "preload or lone_row or writes_the_new_keys" 2>&1 | tail -3
+    OLD="import sys; from qwick.layers.attention import triton_backend as T
+T.DECODE_PRELOAD_TILE = {'BLOCK_N': 128, 'num_warps': 8, 'num_stages': 3}
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in fp8 int8 int4; do
+      alternate "b1_${q}_tile256" "b1_${q}_tile128" "$OLD" bench latency --num-iters 3 --shape qwen2.5-7b \
+        $SHORT --quantization $q
     done
     ;;
   fp8pdl)  # the fp8 o projection's row GEMV launched early after decode attention, its first two tiles

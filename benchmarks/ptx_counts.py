@@ -59,7 +59,7 @@ def compile_ptx(fn, sig: dict, const: dict, divisible: list[str], num_warps: int
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False):
+def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False, preload: bool = False):
     kv = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": kv, "v_cache_ptr": kv, "out_ptr": "*bf16", "mid_o_ptr": "*fp32"}
     sig |= {"mid_lse_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32"}
@@ -73,6 +73,8 @@ def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False
     sig |= {"stride_vh": "i32"}
     const = dict(G_PAD=16, HEAD_DIM=128, D_PAD=128, BLOCK_SIZE=16, BLOCK_N=block_n, DOT_PREC="tf32")
     const |= dict(KV_FP8=fp8, F16_DOT=fp8, HEADS_FIRST=True, FUSED_WRITE=fused)
+    # a lone row launched early: reads its first key tile before the wait, lets o in after it
+    const |= dict(PDL_TRIGGER=preload, PDL_WAIT=preload, PRELOAD=preload, TRIGGER_LATE=preload)
     div = (
         [n for n in sig if n.endswith("_ptr")]
         + list(_STRIDES)
@@ -160,6 +162,13 @@ VARIANTS = {
     "decode bf16 (128 keys, 8 warps, 3 stages)": lambda: decode(False, 128, 8, 3),
     "decode bf16 writing the new keys (128 keys, 8 warps, 3 stages)": lambda: decode(False, 128, 8, 3, True),
     "decode fp8 writing the new keys (128 keys, 4 warps, 2 stages)": lambda: decode(True, 128, 4, 2, True),
+    "decode bf16, a lone row reading early (128 keys, 8 warps, 3 stages)": lambda: decode(
+        False, 128, 8, 3, True, True
+    ),
+    # `DECODE_PRELOAD_TILE`: a short context's keys all read before the wait
+    "decode bf16, a lone row reading early (256 keys, 8 warps, 1 stage)": lambda: decode(
+        False, 256, 8, 1, True, True
+    ),
     "extend bf16 (128 x 128, 2 stages)": lambda: extend(False, 2),
     "extend fp8 (128 x 128, 2 stages)": lambda: extend(True, 2),
     "extend bf16 with spare tiles (a graph's)": lambda: extend(False, 2, spare=True),

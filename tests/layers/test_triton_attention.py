@@ -681,6 +681,46 @@ def test_decode_preload_gives_the_same_bits(context, window, kv_fp8):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("context", [0, 100, 255, 256, 400])
+def test_lone_row_reads_its_short_context_in_one_tile(context):
+    """A lone decode row that reads early (`decode_preload`) takes its keys 256 at a time
+    (`DECODE_PRELOAD_TILE`), so a short context is all read before the wait; longer ones loop over such
+    tiles. Its output matches the row without the early reads (128-key tiles), within rounding, and the
+    new key lands in the cache with the same bits."""
+    from qwick.layers.attention.triton_backend import DECODE_PRELOAD_TILE
+    from qwick.layers.rotary import RopeStep
+
+    device = triton_device()
+    dtype = _lowp(torch.bfloat16)
+    heads, kv_heads, head_dim, bs = 8, 2, 128, 16
+    rows, num_blocks = _make_rows([(context, 1)], bs, random.Random(context))
+    inv = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    emb = torch.arange(512, dtype=torch.float)[:, None] * inv[None, :]
+    emb = torch.cat((emb, emb), dim=-1)
+    rope = RopeStep(torch.tensor([context], device=device), emb.cos().to(device), emb.sin().to(device))
+    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    torch.manual_seed(context)
+    qkv = torch.randn(1, sum(sizes), device=device).to(dtype)
+    cache = torch.randn(2, num_blocks, bs, kv_heads, head_dim, device=device).to(dtype)
+    kw = dict(scale=head_dim**-0.5, sliding_window=None, k_scale=1.0, v_scale=1.0, rope=rope)
+    tri = _backend(bs, device, fixed_num_splits=1)
+    tri.pdl_early_decode = True  # a GPU reads early in an early launch alone (waiting on nothing here)
+    assert tri._decode_cfg(head_dim, 2, False, 1, preload=True) == DECODE_PRELOAD_TILE
+    assert tri._decode_cfg(head_dim, 2, False, 1) != DECODE_PRELOAD_TILE
+    assert tri._decode_cfg(head_dim, 1, True, 1, preload=True) != DECODE_PRELOAD_TILE  # fp8 pages
+    outs, caches = [], []
+    for preload in (True, False):
+        tri.decode_preload = preload
+        q, k, v = (t.view(1, -1, head_dim) for t in qkv.clone().split(sizes, dim=-1))
+        c = cache.clone()
+        outs.append(tri.forward(q, k, v, c, tri.build_metadata(rows), **kw))
+        caches.append(c)
+    assert torch.equal(caches[0].view(torch.uint8), caches[1].view(torch.uint8))
+    assert not torch.equal(caches[0].view(torch.uint8), cache.view(torch.uint8))
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.interpret
 def test_decode_write_is_fused_by_default_and_never_in_mixed_steps():
     """The default: a pure decode step writes inside the decode kernel (into any cache), a mixed step
     through the separate write."""

@@ -74,6 +74,14 @@ FUSE_DECODE_WRITE = True
 # int8 322.6 with none, 328.4 with all three (+1.8%).
 DECODE_PRELOAD = True
 DECODE_TRIGGER_LATE = True
+# A lone row that reads early (`PRELOAD`, 16-bit pages) takes its keys 256 at a time, on 8 warps and one
+# stage: a short-context graph's whole context (`SHORT_CONTEXT_GRAPHS`, up to 256 tokens) is then read
+# before the wait, and nothing after it but q and the new key. H100, 7b shapes, batch 1, decode tok/s in one
+# machine's calls (42nd session, against the 128-key tiles on 8 warps and 3 stages): fp8 337.7, 337.6 and
+# 337.1 against 330.8, 330.5 and 331.3 (+1.9%); int8 333.3 against 328.3 (+1.5%); int4 495.2 against 486.6
+# and 486.5 (+1.8%); on 16 warps fp8 +1.2-1.4% and int4 +0.5%. 255 registers a thread and no spills
+# (Triton 3.6, `benchmarks/ptx_counts.py decode`). fp8 pages keep their tiles (not measured).
+DECODE_PRELOAD_TILE = {"BLOCK_N": 256, "num_warps": 8, "num_stages": 1}
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
@@ -164,11 +172,15 @@ class TritonAttentionBackend(AttentionBackend):
         self.long_prefill_queries = LONG_PREFILL_QUERIES
 
     # ---- tuning --------------------------------------------------------------------------------------
-    def _decode_cfg(self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int) -> dict:
+    def _decode_cfg(
+        self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int, preload: bool = False
+    ) -> dict:
         if self.decode_config is not None:
             return self.decode_config
         if itemsize == 4:  # IEEE fp32 dots run on FMAs and need many registers: small tiles
             return {"BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
+        if preload and not kv_fp8:
+            return dict(DECODE_PRELOAD_TILE)
         # Measured on the H200 at qwen2.5-7b shapes (attention_bench --sweep [--kv-cache-dtype fp8]). fp8
         # pages: 4 warps read them 25-36% faster than 8 (batch 1 at 32k: 24.3 against 32.7 us per layer).
         # bf16 pages at 64 rows and more: 64-key tiles on 4 warps (batch 256 at a 640-token context: 87.1
@@ -450,7 +462,6 @@ class TritonAttentionBackend(AttentionBackend):
             mid_lse = torch.empty(shape, dtype=torch.float32, device=q.device)
             bufs = plan.buffers[key] = (mid_o, mid_lse)
         mid_o, mid_lse = bufs
-        cfg = self._decode_cfg(head_dim, q.element_size(), is_fp8_kv(kv_cache.dtype), plan.num_decode)
         d_pad = _pow2(head_dim, 16)
         grid = (num_kv_heads, plan.num_decode) if self.longest_first else (plan.num_decode, num_kv_heads)
         pdl = pdl_supported(q.device)
@@ -459,6 +470,8 @@ class TritonAttentionBackend(AttentionBackend):
         # (Triton's interpreter, older GPUs) they run anyway, so that their code is tested there.
         preload = self.decode_preload and (early or not pdl) and write is not None and splits == 1
         preload = preload and plan.num_decode == 1
+        kv_fp8 = is_fp8_kv(kv_cache.dtype)
+        cfg = self._decode_cfg(head_dim, q.element_size(), kv_fp8, plan.num_decode, preload)
         decode_kernel[(*grid, splits)](
             q,
             kv_cache[0],
@@ -494,8 +507,8 @@ class TritonAttentionBackend(AttentionBackend):
             D_PAD=d_pad,
             BLOCK_SIZE=md.block_size,
             DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-            KV_FP8=is_fp8_kv(kv_cache.dtype),
-            F16_DOT=is_fp8_kv(kv_cache.dtype) and q.dtype != torch.float32,
+            KV_FP8=kv_fp8,
+            F16_DOT=kv_fp8 and q.dtype != torch.float32,
             HEADS_FIRST=self.longest_first,
             FUSED_WRITE=write is not None,
             PDL_TRIGGER=splits == 1 and pdl,
