@@ -1,7 +1,8 @@
 """Where a batch-1 decode step's time goes at a real shape: graph replay, logits, sampler, host.
 
 Env: QUANT=fp8|int8|int4 (weights), DECODE_W8A8=0 (8-bit decode as W8A16), BATCHES=8,16,64 (step times
-at larger batches; empty skips them), GEMV_TABLE (a JSON of launch shapes), OUT (a Chrome trace)."""
+at larger batches; empty skips them), GEMV_TABLE (a JSON of launch shapes), OUT (a Chrome trace, then
+per launch shape its mean time and what it adds to the step: `benchmarks/critical_path.py`)."""
 
 import cProfile
 import io

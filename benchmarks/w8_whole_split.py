@@ -79,23 +79,21 @@ def _w8_row_whole_kernel(
 
 
 _stock = R.w8_row_gemv
-USED = {"whole": 0, "stock": 0}
+USED = {"whole": 0, "stock": 0, "qkv": 0}
 
 
-def w8_row_gemv(x, codes, scale, bias, ws, config=None, preload=False):
+def _whole(x, codes, scale, bias, ws, out_dtype, x_scale=None, trigger=False, at_start=False):
+    """y [1, N] = (x @ codes.T) * scale (* x_scale) + bias, one whole-split tile a program."""
     n, k = codes.shape
-    if not preload or config is not None or k % BK or x.shape != (1, k) or codes.stride(1) != 1:
-        USED["stock"] += 1
-        return _stock(x, codes, scale, bias, ws, config, preload)
-    USED["whole"] += 1
     cfg = RowGemvConfig(BN, BK, k // BK, WARPS)
     tiles = _check_workspace(ws, n, cfg)
-    x = x.contiguous()
-    scale = scale.reshape(n)
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((1, n), dtype=out_dtype, device=x.device)
     early = pdl_supported(x.device)
+    scale = scale.reshape(n)
+    flags = dict(HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_N=BN, BLOCK_K=BK, EARLY=early)
+    flags |= dict(HAS_XS=x_scale is not None, TRIGGER=trigger and early, TRIGGER_START=at_start and early)
     _w8_row_whole_kernel[(tiles, cfg.split_k)](
-        x,
+        x.contiguous(),
         codes,
         scale,
         bias if bias is not None else scale,
@@ -104,16 +102,22 @@ def w8_row_gemv(x, codes, scale, bias, ws, config=None, preload=False):
         ws.counters,
         n,
         codes.stride(0),
-        HAS_BIAS=bias is not None,
-        SPLIT_K=cfg.split_k,
-        BLOCK_N=BN,
-        BLOCK_K=BK,
-        EARLY=early,
+        xs_ptr=x_scale,
         num_warps=WARPS,
         num_stages=1,
+        **flags,
         **({"launch_pdl": True} if early else {}),
     )
     return y
+
+
+def w8_row_gemv(x, codes, scale, bias, ws, config=None, preload=False):
+    n, k = codes.shape
+    if not preload or config is not None or k % BK or x.shape != (1, k) or codes.stride(1) != 1:
+        USED["stock"] += 1
+        return _stock(x, codes, scale, bias, ws, config, preload)
+    USED["whole"] += 1
+    return _whole(x, codes, scale, bias, ws, x.dtype)
 
 
 R.w8_row_gemv = w8_row_gemv
@@ -124,78 +128,20 @@ _stock_gemv = G.gemv
 QKV_MAX_N = int(os.environ.get("QKV_MAX_N", "0"))  # W8A8 one-row GEMVs narrower than this: whole splits
 
 
-def gemv(
-    x,
-    weight,
-    bias,
-    ws,
-    config=None,
-    weight_scale=None,
-    x_scale=None,
-    out_dtype=None,
-    x_group=None,
-    gated=False,
-    preload=False,
-    trigger=False,
-    trigger_at_start=False,
-):
+def gemv(x, weight, bias, ws, config=None, weight_scale=None, x_scale=None, out_dtype=None, **kw):
+    """`qwick.kernels.gemv.gemv`, with one-row W8A8 launches narrower than QKV_MAX_N (and K at most
+    8192, one activation scale) in whole splits."""
     n, k = weight.shape
-    if (
-        x_scale is None
-        or x.shape[0] != 1
-        or n >= QKV_MAX_N
-        or k > 8192
-        or not preload
-        or gated
-        or config is not None
-        or (x_group is not None and x_group < k)
-        or k % BK
-    ):
+    x_group = kw.get("x_group")
+    takes = x_scale is not None and x.shape[0] == 1 and n < QKV_MAX_N and k <= 8192 and k % BK == 0
+    takes = takes and kw.get("preload", False) and not kw.get("gated") and config is None
+    if not takes or (x_group is not None and x_group < k):
         USED["stock"] += 1
-        return _stock_gemv(
-            x,
-            weight,
-            bias,
-            ws,
-            config,
-            weight_scale,
-            x_scale,
-            out_dtype,
-            x_group,
-            gated,
-            preload,
-            trigger,
-            trigger_at_start,
-        )
-    USED["qkv"] = USED.get("qkv", 0) + 1
-    cfg = RowGemvConfig(BN, BK, k // BK, WARPS)
-    tiles = _check_workspace(ws, n, cfg)
-    y = torch.empty((1, n), dtype=out_dtype, device=x.device)
-    early = pdl_supported(x.device)
-    _w8_row_whole_kernel[(tiles, cfg.split_k)](
-        x,
-        weight,
-        weight_scale.reshape(n),
-        bias if bias is not None else weight_scale,
-        y,
-        ws.partials,
-        ws.counters,
-        n,
-        weight.stride(0),
-        HAS_BIAS=bias is not None,
-        SPLIT_K=cfg.split_k,
-        BLOCK_N=BN,
-        BLOCK_K=BK,
-        EARLY=early,
-        xs_ptr=x_scale,
-        HAS_XS=True,
-        TRIGGER=trigger and early,
-        TRIGGER_START=trigger and trigger_at_start and early,
-        num_warps=WARPS,
-        num_stages=1,
-        **({"launch_pdl": True} if early else {}),
-    )
-    return y
+        return _stock_gemv(x, weight, bias, ws, config, weight_scale, x_scale, out_dtype, **kw)
+    USED["qkv"] += 1
+    trigger = kw.get("trigger", False)
+    at_start = trigger and kw.get("trigger_at_start", False)
+    return _whole(x, weight, weight_scale, bias, ws, out_dtype, x_scale, trigger, at_start)
 
 
 G.gemv = gemv
