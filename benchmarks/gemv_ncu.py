@@ -1,8 +1,9 @@
 """What limits the batch-1 GEMVs on 8-bit and 4-bit codes: one launch of each, under Nsight Compute.
 
 Launches, at M = 1 and the qwen2.5-7b gate/up and down shapes, the skinny GEMM on bf16 weights (the good
-case, ~3.9 TB/s), on fp8 and int8 codes (W8A16, ~2.6 TB/s) and the int4 row GEMV (~1.4 TB/s), plus cuBLAS
-on the bf16 layer and a plain copy; only the launches between `profiler.start()` and `stop()` are profiled.
+case, ~3.9 TB/s), on fp8 and int8 codes (W8A16, ~2.6 TB/s; and W8A8 as batch-1 decode runs it, down with
+one activation scale per 512 columns) and the int4 row GEMV (~1.4 TB/s), plus cuBLAS on the bf16 layer and
+a plain copy; only the launches between `profiler.start()` and `stop()` are profiled.
 Run under ncu on the GPU machine (Firecracker kinds read the counters; leave the clocks alone):
 
     ncu --clock-control none --profile-from-start off --set full python benchmarks/gemv_ncu.py OUTDIR
@@ -22,7 +23,12 @@ from qwick.kernels import row_gemv as row_mod  # noqa: E402
 from qwick.kernels.gemv import GemvWorkspace, gemv  # noqa: E402
 from qwick.kernels.row_gemv import w4_row_gemv  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
-from qwick.quantization.w8a8 import quantize_weight_per_channel  # noqa: E402
+from qwick.quantization.w8a8 import W8A8LinearMethod as W8A8  # noqa: E402
+from qwick.quantization.w8a8 import (  # noqa: E402
+    quantize_per_token,
+    quantize_per_token_group,
+    quantize_weight_per_channel,
+)
 
 SHAPES = {"gate_up": (37888, 3584), "down": (3584, 18944)}
 OUT = sys.argv[1] if len(sys.argv) > 1 else "gemv_ncu_out"
@@ -47,9 +53,17 @@ def launches() -> list[tuple[str, object]]:
             scale = scale.reshape(-1).contiguous()
             label = f"{name} gemv {str(qdtype).split('.')[-1]}"
             out.append((label, lambda x=x, c=codes, s=scale: gemv(x, c, None, ws, weight_scale=s)))
+            # W8A8 as batch-1 decode runs it: activation codes, one scale a row (K <= 8192) or a group
+            group = None if k <= W8A8.decode_w8a8_max_k else W8A8.decode_group
+            if group is None:
+                xq, xs = quantize_per_token(x, qdtype)
+            else:
+                xq, xs = quantize_per_token_group(x, qdtype, group)
+            kw = dict(weight_scale=scale, x_scale=xs, out_dtype=x.dtype, x_group=group)
+            out.append((f"{label} W8A8", lambda q=xq, c=codes, kw=kw: gemv(q, c, None, ws, **kw)))
         qw = rtn.quantize(w, bits=4, group_size=128)
         out.append((f"{name} row_gemv int4", lambda x=x, q=qw: w4_row_gemv(x, q, None, ws)))
-        for label, fn in out[-5:]:
+        for label, fn in out[-7:]:
             err = ((fn().double() - ref).norm() / ref.norm()).item()
             print(f"{label}: rel err {err:.2e}", flush=True)
     return out
