@@ -50,6 +50,8 @@
 #                                            # in at its start (`pdl_qkv_start`), o let in after the wait
 #                                            # (`DECODE_TRIGGER_LATE`), all on since the 40th: tests,
 #                                            # int4 and fp8 batch 1 with each added, round-robin
+#   bash benchmarks/gpu_session.sh gemvncu   # the batch-1 GEMVs under Nsight Compute (W8A8 down against
+#                                            # gate/up: why down streams slower)
 #   bash benchmarks/gpu_session.sh preloadtile  # a lone decode row reading its short context whole
 #                                            # before its wait (256-key tiles, `DECODE_PRELOAD_TILE`, on
 #                                            # since the 42nd): tests, fp8 / int8 / int4 batch 1 with it and
@@ -1014,6 +1016,14 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
         done
       done
     done
+    ;;
+  gemvncu)  # why the W8A8 down GEMV streams at ~2.5 TB/s on an H100 against gate/up's ~3.0 (42nd
+    # session, `benchmarks/critical_path.py`): the batch-1 GEMVs under Nsight Compute, one launch each
+    # (`benchmarks/gemv_ncu.py`, with the W8A8 launches decode runs); the full text in $OUT/ncu.txt
+    ncu --clock-control none --profile-from-start off --set full python benchmarks/gemv_ncu.py \
+      /tmp/gemv_ncu_kernels >"$OUT/ncu.txt" 2>&1
+    grep -E "rel err|^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per Thread|Theoretical Occupancy|Achieved Occupancy|Waves Per SM" \
+      "$OUT/ncu.txt" | head -200
     ;;
   preloadtile)  # a lone decode row reading early takes its keys 256 at a time on 8 warps, one stage
     # (`triton_backend.DECODE_PRELOAD_TILE`, on since the 42nd session: +1.5-1.9% on an H100), so a short
