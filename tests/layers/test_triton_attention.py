@@ -708,6 +708,7 @@ def test_lone_row_reads_its_short_context_in_one_tile(context):
     assert tri._decode_cfg(head_dim, 2, False, 1, preload=True) == DECODE_PRELOAD_TILE
     assert tri._decode_cfg(head_dim, 2, False, 1) != DECODE_PRELOAD_TILE
     assert tri._decode_cfg(head_dim, 1, True, 1, preload=True) != DECODE_PRELOAD_TILE  # fp8 pages
+    assert tri._decode_cfg(256, 2, False, 1, preload=True) != DECODE_PRELOAD_TILE  # too wide a tile
     outs, caches = [], []
     for preload in (True, False):
         tri.decode_preload = preload

@@ -80,7 +80,8 @@ DECODE_TRIGGER_LATE = True
 # machine's calls (42nd session, against the 128-key tiles on 8 warps and 3 stages): fp8 337.7, 337.6 and
 # 337.1 against 330.8, 330.5 and 331.3 (+1.9%); int8 333.3 against 328.3 (+1.5%); int4 495.2 against 486.6
 # and 486.5 (+1.8%); on 16 warps fp8 +1.2-1.4% and int4 +0.5%. 255 registers a thread and no spills
-# (Triton 3.6, `benchmarks/ptx_counts.py decode`). fp8 pages keep their tiles (not measured).
+# (Triton 3.6, `benchmarks/ptx_counts.py decode`). fp8 pages (not measured) and heads wider than 128 keep
+# their tiles.
 DECODE_PRELOAD_TILE = {"BLOCK_N": 256, "num_warps": 8, "num_stages": 1}
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
@@ -179,8 +180,8 @@ class TritonAttentionBackend(AttentionBackend):
             return self.decode_config
         if itemsize == 4:  # IEEE fp32 dots run on FMAs and need many registers: small tiles
             return {"BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
-        if preload and not kv_fp8:
-            return dict(DECODE_PRELOAD_TILE)
+        if preload and not kv_fp8 and head_dim <= 128:  # wider heads: the tile's 132 KB of shared memory
+            return dict(DECODE_PRELOAD_TILE)  # (at 128) would not fit
         # Measured on the H200 at qwen2.5-7b shapes (attention_bench --sweep [--kv-cache-dtype fp8]). fp8
         # pages: 4 warps read them 25-36% faster than 8 (batch 1 at 32k: 24.3 against 32.7 us per layer).
         # bf16 pages at 64 rows and more: 64-key tiles on 4 warps (batch 256 at a 640-token context: 87.1
