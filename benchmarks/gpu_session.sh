@@ -52,6 +52,8 @@
 #                                            # int4 and fp8 batch 1 with each added, round-robin
 #   bash benchmarks/gpu_session.sh gemvncu   # the batch-1 GEMVs under Nsight Compute (W8A8 down against
 #                                            # gate/up: why down streams slower)
+#   bash benchmarks/gpu_session.sh short512  # one-split graphs up to 512 tokens against 256: fp8 and int4
+#                                            # batch 1 at 384 + 128 tokens, alternating
 #   bash benchmarks/gpu_session.sh preloadtile  # a lone decode row reading its short context whole
 #                                            # before its wait (256-key tiles, `DECODE_PRELOAD_TILE`, on
 #                                            # since the 42nd): tests, fp8 / int8 / int4 batch 1 with it and
@@ -1024,6 +1026,18 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
       /tmp/gemv_ncu_kernels >"$OUT/ncu.txt" 2>&1
     grep -E "rel err|^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per Thread|Theoretical Occupancy|Achieved Occupancy|Waves Per SM" \
       "$OUT/ncu.txt" | head -200
+    ;;
+  short512)  # one-split graphs up to 512 tokens (`cuda_graphs.SHORT_CONTEXT_GRAPHS`, 256 by default): with
+    # `DECODE_PRELOAD_TILE` a lone row at 257-512 tokens would read its first 256 keys before the wait and
+    # 256 after, instead of 32 splits and the reduction launch. fp8 and int4 batch 1 at 384 + 128 tokens,
+    # default (256) then 512, alternating (REPS_LIST). The one-split graphs serve every batch size, so a
+    # new default would need 8-64 rows timed too.
+    S512="import sys; import qwick.runner.cuda_graphs as C; C.SHORT_CONTEXT_GRAPHS = 512
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in fp8 int4; do
+      alternate "b1_${q}_384_short256" "b1_${q}_384_short512" "$S512" bench latency --num-iters 3 \
+        --shape qwen2.5-7b --max-model-len 4096 --input-len 384 --output-len 128 --quantization $q
+    done
     ;;
   preloadtile)  # a lone decode row reading early takes its keys 256 at a time on 8 warps, one stage
     # (`triton_backend.DECODE_PRELOAD_TILE`, on since the 42nd session: +1.5-1.9% on an H100), so a short
