@@ -52,6 +52,9 @@
 #                                            # int4 and fp8 batch 1 with each added, round-robin
 #   bash benchmarks/gpu_session.sh gemvncu   # the batch-1 GEMVs under Nsight Compute (W8A8 down against
 #                                            # gate/up: why down streams slower)
+#   bash benchmarks/gpu_session.sh normw     # an early-launched RMSNorm reading its weight before its
+#                                            # wait (`NORM_WEIGHT_EARLY`, on, not yet timed): tests, fp8 /
+#                                            # int8 / int4 batch 1 with it and without, alternating
 #   bash benchmarks/gpu_session.sh short512  # one-split graphs up to 512 tokens against 256: fp8 and int4
 #                                            # batch 1 at 384 + 128 tokens, alternating
 #   bash benchmarks/gpu_session.sh preloadtile  # a lone decode row reading its short context whole
@@ -1026,6 +1029,18 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
       /tmp/gemv_ncu_kernels >"$OUT/ncu.txt" 2>&1
     grep -E "rel err|^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per Thread|Theoretical Occupancy|Achieved Occupancy|Waves Per SM" \
       "$OUT/ncu.txt" | head -200
+    ;;
+  normw)  # an early-launched RMSNorm reading its weight before its wait (`elementwise.NORM_WEIGHT_EARLY`,
+    # on since the 42nd session, not yet timed): its GPU tests, then fp8, int8 and int4 batch 1 with it
+    # and with the old order, alternating (REPS_LIST)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_elementwise.py tests/kernels/test_pdl.py \
+      2>&1 | tail -3
+    OLD="import sys; import qwick.kernels.elementwise as E; E.NORM_WEIGHT_EARLY = False
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in fp8 int8 int4; do
+      alternate "b1_${q}_normw" "b1_${q}_normw_off" "$OLD" bench latency --num-iters 3 --shape qwen2.5-7b \
+        $SHORT --quantization $q
+    done
     ;;
   short512)  # one-split graphs up to 512 tokens (`cuda_graphs.SHORT_CONTEXT_GRAPHS`, 256 by default): with
     # `DECODE_PRELOAD_TILE` a lone row at 257-512 tokens would read its first 256 keys before the wait and

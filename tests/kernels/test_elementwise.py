@@ -46,6 +46,36 @@ def test_rms_norm_with_and_without_residual(dtype, rows, hidden):
     torch.testing.assert_close(out, ref_out, atol=2 * _ulp(dtype) * 4, rtol=2 * _ulp(dtype))
 
 
+@pytest.mark.parametrize("codes", [False, True])
+@pytest.mark.parametrize("rows,hidden", [(1, 3584), (3, 100)])
+def test_rms_norm_reads_its_weight_first_with_the_same_bits(rows, hidden, codes, monkeypatch):
+    """`NORM_WEIGHT_EARLY` (on): an early-launched norm (and every norm where the device has no PDL, as
+    under the interpreter) reads its weight before it waits, not after the row's sum. The output, the
+    residual sum, the codes and their scales are bit for bit those of the old order."""
+    import qwick.kernels.elementwise as E
+    from qwick.layers.linear import RowQuant
+    from qwick.quantization.w8a8 import _MIN_AMAX, qmax
+
+    dev = triton_device()
+    dtype = torch.float16 if INTERPRET else torch.bfloat16
+    qdtype = torch.int8 if INTERPRET else torch.float8_e4m3fn
+    g = torch.Generator(device=dev).manual_seed(rows)
+    x = torch.randn(rows, hidden, device=dev, generator=g).to(dtype)
+    weight = torch.randn(hidden, device=dev, generator=g).to(dtype)
+    res = torch.randn(rows, hidden, device=dev, generator=g).to(dtype)
+    quant = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX) if codes else None
+    results = []
+    for early_weight in (True, False):
+        monkeypatch.setattr(E, "NORM_WEIGHT_EARLY", early_weight)
+        r = res.clone()
+        out = E.rms_norm(x, weight, 1e-6, residual=r, quant=quant, early=True)
+        parts = (out.x, out.codes, out.scales) if codes else (out,)
+        results.append([t.view(torch.uint8) if t.element_size() == 1 else t for t in (*parts, r)])
+    for new, old in zip(*results, strict=True):
+        assert torch.equal(new, old)
+    assert not torch.equal(results[0][-1], res)  # the residual was updated
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(28, 4, 128), (14, 2, 64), (40, 8, 128), (5, 1, 64)])
 def test_rope_in_place_matches_reference(dtype, heads, kv_heads, head_dim):
