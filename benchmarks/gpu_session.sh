@@ -52,6 +52,9 @@
 #                                            # int4 and fp8 batch 1 with each added, round-robin
 #   bash benchmarks/gpu_session.sh gemvncu   # the batch-1 GEMVs under Nsight Compute (W8A8 down against
 #                                            # gate/up: why down streams slower)
+#   bash benchmarks/gpu_session.sh scales    # the 8-bit GEMVs reading their scales before the wait or
+#                                            # the loop (`SCALES_FIRST`, on, not yet timed): tests, fp8 /
+#                                            # int8 batch 1 with it and without, alternating
 #   bash benchmarks/gpu_session.sh normw     # an early-launched RMSNorm reading its weight before its
 #                                            # wait (`NORM_WEIGHT_EARLY`, on, not yet timed): tests, fp8 /
 #                                            # int8 / int4 batch 1 with it and without, alternating
@@ -1029,6 +1032,18 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
       /tmp/gemv_ncu_kernels >"$OUT/ncu.txt" 2>&1
     grep -E "rel err|^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per Thread|Theoretical Occupancy|Achieved Occupancy|Waves Per SM" \
       "$OUT/ncu.txt" | head -200
+    ;;
+  scales)  # the 8-bit GEMVs reading their scales before the wait or the loop (`gemv.SCALES_FIRST`, on since
+    # the 42nd session, not yet timed; past the loop before): the W8A8 kernel tests, then fp8 and int8
+    # batch 1 with it and with the old order, alternating (REPS_LIST)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
+      tests/kernels/test_row_gemv_w8.py tests/kernels/test_gemv.py 2>&1 | tail -3
+    OLD="import sys; import qwick.kernels.gemv as G; G.SCALES_FIRST = False
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in fp8 int8; do
+      alternate "b1_${q}_scales" "b1_${q}_scales_off" "$OLD" bench latency --num-iters 3 --shape qwen2.5-7b \
+        $SHORT --quantization $q
+    done
     ;;
   normw)  # an early-launched RMSNorm reading its weight before its wait (`elementwise.NORM_WEIGHT_EARLY`,
     # on since the 42nd session, not yet timed): its GPU tests, then fp8, int8 and int4 batch 1 with it

@@ -31,6 +31,12 @@ from qwick.kernels.pdl import pdl_supported, pdl_trigger, pdl_wait
 from qwick.kernels.swiglu import silu_times
 
 MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
+# The 8-bit GEMVs read their weight scales before the wait of an early launch (or before the loop) and the
+# activations' per-row scales right after the wait, instead of past the loop: in the sm_90 PTX (Triton
+# 3.6, compiled offline) those loads came after the last tile, a dependent trip to memory in the tail of
+# every program, before its split-K partials. The same products. Not yet timed on a GPU (42nd session;
+# `gpu_session.sh scales` is the A/B).
+SCALES_FIRST = True
 
 
 @triton.jit(do_not_specialize=["M"])  # one variant for every batch size: none compiles mid-serving
@@ -64,12 +70,15 @@ def _gemv_kernel(
     PRELOAD: tl.constexpr = False,
     TRIGGER: tl.constexpr = False,
     TRIGGER_START: tl.constexpr = False,
+    SCALES_FIRST: tl.constexpr = False,
 ):
     """GATED (one split): W is a [gate | up] weight of N rows, each tile's first half gate rows and its
     second half the up rows of the same outputs, and y [M, N / 2] is silu(gate) * up (`gated_store`).
     PRELOAD (launched early, `qwick.kernels.pdl`): the split's first weight tile is loaded before
     `pdl_wait`, and its product is the loop's first; TRIGGER: `pdl_trigger` once past the loop, or with
-    TRIGGER_START at the program's start."""
+    TRIGGER_START at the program's start. SCALES_FIRST (`SCALES_FIRST`): the weight's scales are read
+    before the wait (or the loop) and the activations' per-row scales after the wait, not past the loop;
+    the same products."""
     if TRIGGER_START and not _EMULATE:
         pdl_trigger()
     pid_n = tl.program_id(0)
@@ -89,22 +98,37 @@ def _gemv_kernel(
     x_rows = x_ptr + rm[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT and X_GROUP == 0 else tl.float32)
     k_loop = k_start
+    early_scales: tl.constexpr = SCALES_FIRST and HAS_SCALE
+    early_x_scales: tl.constexpr = SCALES_FIRST and X_CODES and X_GROUP == 0
     if PRELOAD:  # the weights before the wait; the activations (and their scales) after it
         w = load_w_tile(w_rows, k_start + rk, k_end, n_ok, EVEN_K)
+        if early_scales:
+            w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
         if not _EMULATE:
             pdl_wait()
+        if early_x_scales:
+            x_scale = tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)
         x = load_x_tile(x_rows, k_start + rk, k_end, m_ok, EVEN_K)
         acc = _accumulate(acc, x, w, xs_ptr, rm, m_ok, stride_xs, k_start, X_CODES, X_GROUP, INT_DOT)
         k_loop = k_start + BLOCK_K
+    else:
+        if early_scales:
+            w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
+        if early_x_scales:
+            x_scale = tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)
     for k in range(k_loop, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
         acc = _accumulate(acc, x, w, xs_ptr, rm, m_ok, stride_xs, k, X_CODES, X_GROUP, INT_DOT)
     if TRIGGER and not TRIGGER_START and not _EMULATE:  # the next kernel may launch once every program
         pdl_trigger()  # is past its loop
     acc = acc.to(tl.float32)
-    if HAS_SCALE:  # per-output-channel scales of 8-bit weights
+    if early_scales:
+        acc *= w_scale[None, :]
+    elif HAS_SCALE:  # per-output-channel scales of 8-bit weights
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    if X_CODES and X_GROUP == 0:  # per-row scales of the activation codes
+    if early_x_scales:
+        acc *= x_scale[:, None]
+    elif X_CODES and X_GROUP == 0:  # per-row scales of the activation codes
         acc *= tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)[:, None]
     if GATED:
         gated_store(acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, pid_n, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
@@ -516,6 +540,7 @@ def gemv(
         PRELOAD=preload,
         TRIGGER=trigger and pdl_supported(x.device),
         TRIGGER_START=trigger and trigger_at_start and pdl_supported(x.device),
+        SCALES_FIRST=SCALES_FIRST,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if preload and pdl_supported(x.device) else {}),
