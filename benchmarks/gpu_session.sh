@@ -55,8 +55,8 @@
 #   bash benchmarks/gpu_session.sh scales    # the 8-bit GEMVs reading their scales before the wait or
 #                                            # the loop (`SCALES_FIRST`, on, not yet timed): tests, fp8 /
 #                                            # int8 batch 1 with it and without, alternating
-#   bash benchmarks/gpu_session.sh normw     # an early-launched RMSNorm reading its weight before its
-#                                            # wait (`NORM_WEIGHT_EARLY`, on, not yet timed): tests, fp8 /
+#   bash benchmarks/gpu_session.sh normw     # RMSNorm reading its weight with x, not after the row's sum
+#                                            # (`NORM_WEIGHT_WITH_X`, on, not yet timed): tests, fp8 /
 #                                            # int8 / int4 batch 1 with it and without, alternating
 #   bash benchmarks/gpu_session.sh short512  # one-split graphs up to 512 tokens against 256: fp8 and int4
 #                                            # batch 1 at 384 + 128 tokens, alternating
@@ -1045,12 +1045,12 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         $SHORT --quantization $q
     done
     ;;
-  normw)  # an early-launched RMSNorm reading its weight before its wait (`elementwise.NORM_WEIGHT_EARLY`,
-    # on since the 42nd session, not yet timed): its GPU tests, then fp8, int8 and int4 batch 1 with it
-    # and with the old order, alternating (REPS_LIST)
+  normw)  # RMSNorm reading its weight with x and the residual, not after the row's sum
+    # (`elementwise.NORM_WEIGHT_WITH_X`, on since the 42nd session, not yet timed): its GPU tests, then
+    # fp8, int8 and int4 batch 1 with it and with the old order, alternating (REPS_LIST)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_elementwise.py tests/kernels/test_pdl.py \
       2>&1 | tail -3
-    OLD="import sys; import qwick.kernels.elementwise as E; E.NORM_WEIGHT_EARLY = False
+    OLD="import sys; import qwick.kernels.elementwise as E; E.NORM_WEIGHT_WITH_X = False
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in fp8 int8 int4; do
       alternate "b1_${q}_normw" "b1_${q}_normw_off" "$OLD" bench latency --num-iters 3 --shape qwen2.5-7b \

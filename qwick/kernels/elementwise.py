@@ -29,14 +29,14 @@ from qwick.kernels.swiglu import silu_times
 from qwick.kernels.w8a8 import codes_of, inv_qmax
 from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
 
-# An early-launched RMSNorm (batch-1 decode, `qwick.kernels.pdl`) reads its weight before its wait, not
-# after the row's sum of squares: sm_90 PTX (Triton 3.6, compiled offline) has that load behind the
-# reduction's barriers, one more dependent trip to memory in every such norm (two a layer in the 8-bit
-# modes, one in int4). The same sums. Launches that do not wait on a device with PDL keep the old order:
-# there the weight's load and its layout change would come before x's loads instead, no better. Without
-# PDL (Triton's interpreter) the weight is read first anyway, so that code is tested there. Not yet timed
-# on a GPU (42nd session; `gpu_session.sh normw` is the A/B).
-NORM_WEIGHT_EARLY = True
+# RMSNorm reads its weight together with x and the residual, not after the row's sum of squares: sm_90 PTX
+# (Triton 3.6, compiled offline) kept that load behind the reduction's barriers, one more dependent trip to
+# memory in every norm (two a layer of a batch-1 decode step in the 8-bit modes; in int4 one, and the o
+# GEMV's norm tail). Read first, its layout change through shared memory held x's loads back instead;
+# read after x's and the residual's, all three are in flight at once. The same sums. Not yet timed on a
+# GPU (42nd session; `gpu_session.sh normw` is the A/B of the norm kernel; the GEMV tails always read it
+# with x).
+NORM_WEIGHT_WITH_X = True
 
 
 @triton.jit
@@ -66,20 +66,17 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
     PDL_TRIGGER: tl.constexpr,
     PDL_WAIT: tl.constexpr,
-    W_EARLY: tl.constexpr,
+    W_WITH_X: tl.constexpr,
 ):
     if PDL_TRIGGER:  # the next kernel may launch now (qwick.kernels.pdl: the QKV GEMV's weights)
         pdl_trigger()
-    w = w_ptr
-    if W_EARLY:  # the weight, which no kernel writes, before the wait: off the row's chain of loads
-        w = _norm_weight(w_ptr, N, BLOCK)
-    if PDL_WAIT:  # launched early: nothing else is read before the kernel before has ended
+    if PDL_WAIT:  # launched early: nothing is read before the kernel before has ended
         pdl_wait()
     row = tl.program_id(0).to(tl.int64)
     rms_norm_row(
         x_ptr + row * stride_x,
         res_ptr + row * stride_res,
-        w,
+        w_ptr,
         out_ptr + row * stride_out,
         q_ptr + row * stride_q,
         s_ptr + row,
@@ -96,15 +93,8 @@ def _rms_norm_kernel(
         INV_DIV,
         BLOCK,
         "",
-        W_EARLY,
+        W_WITH_X,
     )
-
-
-@triton.jit
-def _norm_weight(w_ptr, N, BLOCK: tl.constexpr):
-    """The norm's weight [N] in fp32, padded to BLOCK with zeros."""
-    cols = tl.arange(0, BLOCK)
-    return tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -128,26 +118,27 @@ def rms_norm_row(
     INV_DIV: tl.constexpr,
     BLOCK: tl.constexpr,
     X_CACHE: tl.constexpr,
-    W_LOADED: tl.constexpr = False,
+    W_WITH_X: tl.constexpr = True,
 ):
     """One row of `rms_norm` (the whole row in one block): x (+ residual, written back), normalized,
     times the weight, with its codes or `HalfPairs` if asked. X_CACHE: x's load cache modifier (".cg"
     where other programs of the same launch wrote x: `qwick.kernels.row_gemv_half2`'s norm tail).
-    W_LOADED: `w_ptr` is the weight itself, loaded by the caller (`_norm_weight`); else it is read here,
-    after the row's sum (a load the compiler keeps behind the reduction's barriers)."""
+    W_WITH_X (`NORM_WEIGHT_WITH_X`): the weight is read with x and the residual, else after the row's sum
+    (a load the compiler then keeps behind the reduction's barriers)."""
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(x_row + cols, mask=mask, other=0.0, cache_modifier=X_CACHE)
     if HAS_RESIDUAL:
         r = tl.load(res_row + cols, mask=mask, other=0.0)
+    if W_WITH_X:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded, as `x + residual` is
         tl.store(res_row + cols, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
-    if W_LOADED:
-        w = w_ptr
-    else:
+    if not W_WITH_X:
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = (w * normed).to(out_row.dtype.element_ty)
     tl.store(out_row + cols, y, mask=mask)
@@ -311,7 +302,7 @@ def rms_norm(
             BLOCK=block,
             PDL_TRIGGER=pdl,
             PDL_WAIT=early and pdl,
-            W_EARLY=NORM_WEIGHT_EARLY and (early or not pdl),
+            W_WITH_X=NORM_WEIGHT_WITH_X,
             num_warps=num_warps or _norm_warps(block, rows, quant is not None),
             **meta,
             **pair_meta,

@@ -48,10 +48,10 @@ def test_rms_norm_with_and_without_residual(dtype, rows, hidden):
 
 @pytest.mark.parametrize("codes", [False, True])
 @pytest.mark.parametrize("rows,hidden", [(1, 3584), (3, 100)])
-def test_rms_norm_reads_its_weight_first_with_the_same_bits(rows, hidden, codes, monkeypatch):
-    """`NORM_WEIGHT_EARLY` (on): an early-launched norm (and every norm where the device has no PDL, as
-    under the interpreter) reads its weight before it waits, not after the row's sum. The output, the
-    residual sum, the codes and their scales are bit for bit those of the old order."""
+def test_rms_norm_reads_its_weight_with_x_with_the_same_bits(rows, hidden, codes, monkeypatch):
+    """`NORM_WEIGHT_WITH_X` (on): the norm reads its weight with x and the residual, not after the row's
+    sum. The output, the residual sum, the codes and their scales are bit for bit those of the old order,
+    launched early or not."""
     import qwick.kernels.elementwise as E
     from qwick.layers.linear import RowQuant
     from qwick.quantization.w8a8 import _MIN_AMAX, qmax
@@ -65,12 +65,15 @@ def test_rms_norm_reads_its_weight_first_with_the_same_bits(rows, hidden, codes,
     res = torch.randn(rows, hidden, device=dev, generator=g).to(dtype)
     quant = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX) if codes else None
     results = []
-    for early_weight in (True, False):
-        monkeypatch.setattr(E, "NORM_WEIGHT_EARLY", early_weight)
-        r = res.clone()
-        out = E.rms_norm(x, weight, 1e-6, residual=r, quant=quant, early=True)
-        parts = (out.x, out.codes, out.scales) if codes else (out,)
-        results.append([t.view(torch.uint8) if t.element_size() == 1 else t for t in (*parts, r)])
+    for with_x in (True, False):
+        monkeypatch.setattr(E, "NORM_WEIGHT_WITH_X", with_x)
+        outs = []
+        for early in (True, False):
+            r = res.clone()
+            out = E.rms_norm(x, weight, 1e-6, residual=r, quant=quant, early=early)
+            parts = (out.x, out.codes, out.scales) if codes else (out,)
+            outs += [t.view(torch.uint8) if t.element_size() == 1 else t for t in (*parts, r)]
+        results.append(outs)
     for new, old in zip(*results, strict=True):
         assert torch.equal(new, old)
     assert not torch.equal(results[0][-1], res)  # the residual was updated
