@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.gemv import _gemv_kernel  # noqa: E402
+from qwick.kernels.gemv import SCALES_FIRST, _gemv_kernel  # noqa: E402
 from qwick.kernels.row_gemv_half2 import DOT4_ASM, PAIRED, _w4_half2_kernel  # noqa: E402
 from qwick.kernels.w4a16 import _w4_tiles_kernel  # noqa: E402
 from qwick.layers.attention.triton_kernels import decode_kernel, extend_kernel  # noqa: E402
@@ -122,7 +122,7 @@ def gemv(
     int_dot = codes and weight == "int8"  # as `gemv` launches int8 codes, with groups too
     const = dict(HAS_SCALE=True, X_CODES=codes, X_GROUP=x_group, INT_DOT=int_dot, HAS_BIAS=False)
     const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even_k)
-    const |= dict(PRELOAD=codes, TRIGGER=codes)
+    const |= dict(PRELOAD=codes, TRIGGER=codes, SCALES_FIRST=SCALES_FIRST)  # as `gemv` launches it
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
