@@ -100,22 +100,19 @@ def _gemv_kernel(
     k_loop = k_start
     early_scales: tl.constexpr = SCALES_FIRST and HAS_SCALE
     early_x_scales: tl.constexpr = SCALES_FIRST and X_CODES and X_GROUP == 0
-    if PRELOAD:  # the weights before the wait; the activations (and their scales) after it
+    # PRELOAD: the weights (and their scales) before the wait; the activations (and theirs) after it
+    if PRELOAD:
         w = load_w_tile(w_rows, k_start + rk, k_end, n_ok, EVEN_K)
-        if early_scales:
-            w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
-        if not _EMULATE:
-            pdl_wait()
-        if early_x_scales:
-            x_scale = tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)
+    if early_scales:
+        w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
+    if PRELOAD and not _EMULATE:
+        pdl_wait()
+    if early_x_scales:
+        x_scale = tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)
+    if PRELOAD:
         x = load_x_tile(x_rows, k_start + rk, k_end, m_ok, EVEN_K)
         acc = _accumulate(acc, x, w, xs_ptr, rm, m_ok, stride_xs, k_start, X_CODES, X_GROUP, INT_DOT)
         k_loop = k_start + BLOCK_K
-    else:
-        if early_scales:
-            w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
-        if early_x_scales:
-            x_scale = tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)
     for k in range(k_loop, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
         acc = _accumulate(acc, x, w, xs_ptr, rm, m_ok, stride_xs, k, X_CODES, X_GROUP, INT_DOT)

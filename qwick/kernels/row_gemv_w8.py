@@ -68,8 +68,9 @@ def _w8_row_kernel(
         t1 = k_start + BLOCK_K + rk
         w0 = tl.load(w_rows + t0[None, :], mask=n_ok[:, None] & (t0 < k_end)[None, :], other=0.0)
         w1 = tl.load(w_rows + t1[None, :], mask=n_ok[:, None] & (t1 < k_end)[None, :], other=0.0)
-        if SCALES_FIRST:
-            w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
+    if SCALES_FIRST:  # with the first tiles (before the wait), not past the loop
+        w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
+    if PRELOAD:
         if not _EMULATE:
             pdl_wait()
         x0 = tl.load(x_ptr + tl.minimum(k_start, K - BLOCK_K) + rk).to(tl.float32)
@@ -77,8 +78,6 @@ def _w8_row_kernel(
         x1 = tl.load(x_ptr + tl.minimum(k_start + BLOCK_K, K - BLOCK_K) + rk).to(tl.float32)
         acc += w1.to(tl.float32) * x1[None, :]
         k_loop = k_start + 2 * BLOCK_K
-    elif SCALES_FIRST:
-        w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
     if PREFETCH:  # the next tile's load is issued before this tile's arithmetic: twice the bytes in flight
         first = k_start + rk
         w = tl.load(w_rows + first[None, :], mask=n_ok[:, None] & (first < k_end)[None, :], other=0.0)
