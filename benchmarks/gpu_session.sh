@@ -53,10 +53,10 @@
 #   bash benchmarks/gpu_session.sh gemvncu   # the batch-1 GEMVs under Nsight Compute (W8A8 down against
 #                                            # gate/up: why down streams slower)
 #   bash benchmarks/gpu_session.sh scales    # the 8-bit GEMVs reading their scales before the wait or
-#                                            # the loop (`SCALES_FIRST`, on, not yet timed): tests, fp8 /
-#                                            # int8 batch 1 with it and without, alternating
+#                                            # the loop (`SCALES_FIRST`, off: -0.6% for int8 on an
+#                                            # H100): tests, fp8 / int8 batch 1 without it and with it
 #   bash benchmarks/gpu_session.sh normw     # RMSNorm reading its weight with x, not after the row's sum
-#                                            # (`NORM_WEIGHT_WITH_X`, on, not yet timed): tests, fp8 /
+#                                            # (`NORM_WEIGHT_WITH_X`, on: int4 +0.5% on an H100): tests, fp8 /
 #                                            # int8 / int4 batch 1 with it and without, alternating
 #   bash benchmarks/gpu_session.sh short512  # one-split graphs up to 512 tokens against 256: fp8 and int4
 #                                            # batch 1 at 384 + 128 tokens, alternating
@@ -1033,20 +1033,20 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
     grep -E "rel err|^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per Thread|Theoretical Occupancy|Achieved Occupancy|Waves Per SM" \
       "$OUT/ncu.txt" | head -200
     ;;
-  scales)  # the 8-bit GEMVs reading their scales before the wait or the loop (`gemv.SCALES_FIRST`, on since
-    # the 42nd session, not yet timed; past the loop before): the W8A8 kernel tests, then fp8 and int8
-    # batch 1 with it and with the old order, alternating (REPS_LIST)
+  scales)  # the 8-bit GEMVs reading their scales before the wait or the loop (`gemv.SCALES_FIRST`, off: on an
+    # H100 in the 43rd session fp8 the same, int8 -0.6%): the W8A8 kernel tests, then fp8 and int8 batch 1
+    # with the default order and with it, alternating (REPS_LIST)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
       tests/kernels/test_row_gemv_w8.py tests/kernels/test_gemv.py 2>&1 | tail -3
-    OLD="import sys; import qwick.kernels.gemv as G; G.SCALES_FIRST = False
+    ON="import sys; import qwick.kernels.gemv as G; G.SCALES_FIRST = True
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in fp8 int8; do
-      alternate "b1_${q}_scales" "b1_${q}_scales_off" "$OLD" bench latency --num-iters 3 --shape qwen2.5-7b \
+      alternate "b1_${q}_scales_off" "b1_${q}_scales" "$ON" bench latency --num-iters 3 --shape qwen2.5-7b \
         $SHORT --quantization $q
     done
     ;;
   normw)  # RMSNorm reading its weight with x and the residual, not after the row's sum
-    # (`elementwise.NORM_WEIGHT_WITH_X`, on since the 42nd session, not yet timed): its GPU tests, then
+    # (`elementwise.NORM_WEIGHT_WITH_X`, on since the 42nd session; int4 +0.5% on an H100): its GPU tests, then
     # fp8, int8 and int4 batch 1 with it and with the old order, alternating (REPS_LIST)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_elementwise.py tests/kernels/test_pdl.py \
       2>&1 | tail -3

@@ -33,9 +33,10 @@ from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
 # (Triton 3.6, compiled offline) kept that load behind the reduction's barriers, one more dependent trip to
 # memory in every norm (two a layer of a batch-1 decode step in the 8-bit modes; in int4 one, and the o
 # GEMV's norm tail). Read first, its layout change through shared memory held x's loads back instead;
-# read after x's and the residual's, all three are in flight at once. The same sums. Not yet timed on a
-# GPU (42nd session; `gpu_session.sh normw` is the A/B of the norm kernel; the GEMV tails always read it
-# with x).
+# read after x's and the residual's, all three are in flight at once. The same sums. Batch 1 on one H100
+# (43rd session, BENCHMARKS.md): int4 486.4 / 485.9 / 485.9 decode tok/s against 483.5 / 483.4 / 484.3
+# without (+0.5%), fp8 329.3 against 329.3 (with the 8-bit GEMVs' `SCALES_FIRST` on) and 329.8 / 329.3
+# against 329.6 / 329.7 with both off (the same).
 NORM_WEIGHT_WITH_X = True
 
 

@@ -31,12 +31,13 @@ from qwick.kernels.pdl import pdl_supported, pdl_trigger, pdl_wait
 from qwick.kernels.swiglu import silu_times
 
 MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
-# The 8-bit GEMVs read their weight scales before the wait of an early launch (or before the loop) and the
-# activations' per-row scales right after the wait, instead of past the loop: in the sm_90 PTX (Triton
-# 3.6, compiled offline) those loads came after the last tile, a dependent trip to memory in the tail of
-# every program, before its split-K partials. The same products. Not yet timed on a GPU (42nd session;
-# `gpu_session.sh scales` is the A/B).
-SCALES_FIRST = True
+# The 8-bit GEMVs may read their weight scales before the wait of an early launch (or before the loop) and
+# the activations' per-row scales right after the wait, instead of past the loop: in the sm_90 PTX (Triton
+# 3.6, compiled offline) those loads come after the last tile, a dependent trip to memory in the tail of
+# every program. The same products, but no faster: batch 1 on one H100 (43rd session, BENCHMARKS.md), fp8
+# 329.3 / 329.8 / 329.3 decode tok/s with it against 330.3 / 329.6 / 329.7 without, int8 324.3 / 324.1 /
+# 324.3 against 326.5 / 325.7 / 325.8 (-0.6%; gate/up's registers go 80 -> 96). Off.
+SCALES_FIRST = False
 
 
 @triton.jit(do_not_specialize=["M"])  # one variant for every batch size: none compiles mid-serving

@@ -408,10 +408,10 @@ def test_preloaded_gemv_gives_the_same_bits(qdtype, n, k, group):
 @pytest.mark.interpret
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 def test_gemvs_read_their_scales_first_with_the_same_bits(qdtype, monkeypatch):
-    """`SCALES_FIRST` (on): the 8-bit GEMVs read the weight's scales before the wait (or the loop) and the
-    activations' per-row scales after the wait, not past the loop. Bit for bit the old order's outputs: W8A8
-    codes per row and per 512 columns, W8A16, one row and four, launched early or not, and the one-row GEMV
-    on 8-bit codes (`w8_row_gemv`)."""
+    """`SCALES_FIRST` (off: no faster on an H100): the 8-bit GEMVs read the weight's scales before the wait
+    (or the loop) and the activations' per-row scales after the wait, not past the loop. Bit for bit the
+    other order's outputs: W8A8 codes per row and per 512 columns, W8A16, one row and four, launched early
+    or not, and the one-row GEMV on 8-bit codes (`w8_row_gemv`)."""
     import qwick.kernels.gemv as G
     from qwick.kernels.row_gemv_w8 import w8_row_gemv
 
