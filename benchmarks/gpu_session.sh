@@ -50,7 +50,8 @@
 #                                            # in at its start (`pdl_qkv_start`), o let in after the wait
 #                                            # (`DECODE_TRIGGER_LATE`), all on since the 40th: tests,
 #                                            # int4 and fp8 batch 1 with each added, round-robin
-#   bash benchmarks/gpu_session.sh gemvncu   # the batch-1 GEMVs under Nsight Compute (W8A8 down against
+#   bash benchmarks/gpu_session.sh gemvncu   # (alone in its call: the report must come back) the batch-1
+#                                            # GEMVs under Nsight Compute (W8A8 down against
 #                                            # gate/up: why down streams slower)
 #   bash benchmarks/gpu_session.sh scales    # the 8-bit GEMVs reading their scales before the wait or
 #                                            # the loop (`SCALES_FIRST`, off: -0.6% for int8 on an
