@@ -59,8 +59,9 @@
 #   bash benchmarks/gpu_session.sh normw     # RMSNorm reading its weight with x, not after the row's sum
 #                                            # (`NORM_WEIGHT_WITH_X`, on: int4 +0.5% on an H100): tests, fp8 /
 #                                            # int8 / int4 batch 1 with it and without, alternating
-#   bash benchmarks/gpu_session.sh short512  # one-split graphs up to 512 tokens against 256: fp8 and int4
-#                                            # batch 1 at 384 + 128 tokens, alternating
+#   bash benchmarks/gpu_session.sh short512  # a lone row's one-split graph up to 512 tokens (on) against
+#                                            # 256: the graph tests, fp8 and int4 batch 1 at 384 + 128
+#                                            # tokens, alternating
 #   bash benchmarks/gpu_session.sh preloadtile  # a lone decode row reading its short context whole
 #                                            # before its wait (256-key tiles, `DECODE_PRELOAD_TILE`, on
 #                                            # since the 42nd): tests, fp8 / int8 / int4 batch 1 with it and
@@ -1058,15 +1059,15 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         $SHORT --quantization $q
     done
     ;;
-  short512)  # one-split graphs up to 512 tokens (`cuda_graphs.SHORT_CONTEXT_GRAPHS`, 256 by default): with
-    # `DECODE_PRELOAD_TILE` a lone row at 257-512 tokens would read its first 256 keys before the wait and
-    # 256 after, instead of 32 splits and the reduction launch. fp8 and int4 batch 1 at 384 + 128 tokens,
-    # default (256) then 512, alternating (REPS_LIST). The one-split graphs serve every batch size, so a
-    # new default would need 8-64 rows timed too.
-    S512="import sys; import qwick.runner.cuda_graphs as C; C.SHORT_CONTEXT_GRAPHS = 512
+  short512)  # a lone row's one-split graph up to 512 tokens (`cuda_graphs.SHORT_CONTEXT_ONE_ROW`, on since the
+    # 43rd session: +2.0% fp8, +1.4% int4 on an H100 at 384 + 128 tokens; more rows keep 256): the graph
+    # tests, then fp8 and int4 batch 1 at 384 + 128 tokens with it and with 256 (`SHORT_CONTEXT_ONE_ROW`
+    # 0), alternating (REPS_LIST)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py 2>&1 | tail -3
+    S256="import sys; import qwick.runner.cuda_graphs as C; C.SHORT_CONTEXT_ONE_ROW = 0
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in fp8 int4; do
-      alternate "b1_${q}_384_short256" "b1_${q}_384_short512" "$S512" bench latency --num-iters 3 \
+      alternate "b1_${q}_384_short512" "b1_${q}_384_short256" "$S256" bench latency --num-iters 3 \
         --shape qwen2.5-7b --max-model-len 4096 --input-len 384 --output-len 128 --quantization $q
     done
     ;;

@@ -28,7 +28,8 @@ Design:
 - With `short_context` > 0, a second set of graphs pins one split per row for steps whose contexts all
   fit in `short_context` tokens: a split count chosen at `max_model_len` leaves most splits of a short
   row empty and adds the reduction launch (H200, one layer at batch 1 and 128 tokens: 8.4 us with 32
-  splits, 5.5 with one; batch 64 at 256 tokens: 22.8 against 16.1).
+  splits, 5.5 with one; batch 64 at 256 tokens: 22.8 against 16.1). A lone row's steps replay its
+  one-split graph up to `SHORT_CONTEXT_ONE_ROW` tokens.
 """
 
 from __future__ import annotations
@@ -54,6 +55,20 @@ MAX_GRAPH_BATCH = 256
 # bf16 234.9 and 234.8 decode tok/s against 232.1 without, int4 440.5 against 432.9; the second set costs
 # 0.6 s of capture and 74 MiB.
 SHORT_CONTEXT_GRAPHS = 256
+# A lone row's one-split graph serves contexts up to this many tokens (when the graphs above are on): it
+# reads its first 256 keys while QKV streams (`triton_backend.DECODE_PRELOAD_TILE`) and the rest after,
+# where the split graph adds 32 splits' partials and their reduction. On one H100 (43rd session), batch 1
+# at 384 + 128 tokens: fp8 313.9 decode tok/s against 307.8 (+2.0%), int4 449.6 against 443.3 (+1.4%).
+# Not for more rows: 8 rows lost 0.9% there (2230.8 against 2250.2), 32 gained 2.9%, the rest untimed.
+SHORT_CONTEXT_ONE_ROW = 512
+
+
+def short_context_limit(bs: int, short_context: int, one_row: int) -> int:
+    """Bucket `bs`'s steps replay the one-split graph when every context is under this many tokens (0:
+    no one-split graphs)."""
+    if short_context <= 0:
+        return 0
+    return max(short_context, one_row) if bs == 1 else short_context
 
 
 def decode_buckets(max_batch: int) -> list[int]:
@@ -137,6 +152,7 @@ class DecodeGraphRunner:
         self.decode_rows = torch.arange(self.max_bs, dtype=torch.int32, device=device)
         self.graphs: dict[int, _Graph] = {}
         self.short_context = SHORT_CONTEXT_GRAPHS
+        self.short_context_one_row = SHORT_CONTEXT_ONE_ROW  # where the backend reads a lone row early
         self.short_graphs: dict[int, _Graph] = {}  # one split per row, for contexts <= short_context
         self.pool = None
         self.num_replays = 0
@@ -303,6 +319,10 @@ class DecodeGraphRunner:
         )
 
     def _capture_all(self) -> None:
+        attn = self.model.attention_layers()[0]
+        reads_early = getattr(self.backend, "reads_lone_row_early", None)
+        if reads_early is None or not reads_early(attn.head_dim, attn.kv_cache):
+            self.short_context_one_row = 0  # measured only with those early reads
         for splits in self._split_sets():
             graphs = self.graphs if splits is None else self.short_graphs
             for bs in reversed(self.buckets):
@@ -339,7 +359,8 @@ class DecodeGraphRunner:
         next replay). `patch(ids)` may overwrite token ids on the device after the upload (async
         scheduling fills in tokens the host has not seen yet)."""
         bs = self.bucket_for(len(token_ids))
-        short = self.short_graphs and max(positions) < self.short_context  # contexts <= short_context
+        limit = short_context_limit(bs, self.short_context, self.short_context_one_row)
+        short = self.short_graphs and max(positions) < limit  # every context within the limit
         g = (self.short_graphs if short else self.graphs)[bs]
         self._fill_host(bs, token_ids, positions, block_tables)
         self._upload(bs)

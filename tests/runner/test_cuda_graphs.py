@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qwick import SamplingParams
-from qwick.runner.cuda_graphs import DecodeGraphRunner, decode_buckets, gc_paused
+from qwick.runner.cuda_graphs import DecodeGraphRunner, decode_buckets, gc_paused, short_context_limit
 from tests.utils import gpu_graph_llm
 
 
@@ -60,6 +60,16 @@ def test_graphs_match_eager(tiny_qwen2_dir, dtype, longest_first, monkeypatch):
     _assert_same_tokens(batches, eager, graph)
 
 
+def test_short_context_limit_is_longer_for_a_lone_row():
+    """One row replays its one-split graph up to `SHORT_CONTEXT_ONE_ROW` tokens, more rows up to
+    `SHORT_CONTEXT_GRAPHS`; without one-split graphs, none does."""
+    assert short_context_limit(1, 256, 512) == 512
+    assert [short_context_limit(bs, 256, 512) for bs in (2, 8, 256)] == [256, 256, 256]
+    assert short_context_limit(1, 256, 0) == 256  # the backend does not read a lone row early
+    assert short_context_limit(1, 256, 128) == 256  # never shorter than the others'
+    assert short_context_limit(1, 0, 512) == 0
+
+
 def _assert_same_tokens(batches, eager, graph) -> None:
     for n, e, gr in zip(batches, eager, graph):
         for i, (a, b) in enumerate(zip(e, gr)):
@@ -71,10 +81,12 @@ def _assert_same_tokens(batches, eager, graph) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_short_context_graphs_match_eager(tiny_qwen2_dir, dtype, monkeypatch):
     """`SHORT_CONTEXT_GRAPHS`: steps whose contexts all fit replay the one-split graphs, the others the
-    usual ones (prompts of 1-59 tokens and 8-57 outputs cross the 64-token line), same tokens as eager."""
+    usual ones (prompts of 1-59 tokens and 8-57 outputs cross the 64-token line, and a lone row's 96),
+    same tokens as eager."""
     from qwick.runner import cuda_graphs
 
     monkeypatch.setattr(cuda_graphs, "SHORT_CONTEXT_GRAPHS", 64)
+    monkeypatch.setattr(cuda_graphs, "SHORT_CONTEXT_ONE_ROW", 96)
     batches = (3, 5, 1, 8)
     eager, _, _, _ = _run(tiny_qwen2_dir, dtype, True, batches)
     graph, replays, has_graphs, short = _run(tiny_qwen2_dir, dtype, False, batches)

@@ -173,6 +173,14 @@ class TritonAttentionBackend(AttentionBackend):
         self.long_prefill_queries = LONG_PREFILL_QUERIES
 
     # ---- tuning --------------------------------------------------------------------------------------
+    def reads_lone_row_early(self, head_dim: int, kv_cache: torch.Tensor) -> bool:
+        """Whether a lone decode row's one-split launch reads its keys while QKV streams, 256 a tile
+        (`DECODE_PRELOAD_TILE`, as `_decode` and `_decode_cfg` choose it): 16-bit pages, heads of at most
+        128. Its one-split CUDA graph then pays at longer contexts (`cuda_graphs.SHORT_CONTEXT_ONE_ROW`)."""
+        early = self.pdl_early_decode or not pdl_supported(kv_cache.device)
+        tiled = self.decode_config is None and kv_cache.element_size() == 2 and head_dim <= 128
+        return self.decode_preload and early and tiled
+
     def _decode_cfg(
         self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int, preload: bool = False
     ) -> dict:
