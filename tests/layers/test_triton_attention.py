@@ -680,29 +680,6 @@ def test_decode_preload_gives_the_same_bits(context, window, kv_fp8):
         assert torch.equal(outs[0], outs[1]), (context, window, slot)
 
 
-def test_reads_lone_row_early_where_the_whole_tile_applies():
-    """`reads_lone_row_early`, which lets a lone row's one-split graph serve longer contexts, is true where
-    `_decode` reads that row early in 256-key tiles: 16-bit pages, heads of at most 128, the tuned
-    launch shapes, the early reads on (on a CPU device, which has no programmatic dependent launch, they
-    run unconditionally)."""
-    from qwick.layers.attention.triton_backend import TritonAttentionBackend
-
-    def cache(dtype):
-        return torch.zeros(2, 1, 16, 1, 8, dtype=dtype)
-
-    tri = TritonAttentionBackend(16, "cpu")
-    assert tri.reads_lone_row_early(128, cache(torch.bfloat16))
-    assert tri.reads_lone_row_early(64, cache(torch.float16))
-    assert not tri.reads_lone_row_early(256, cache(torch.bfloat16))  # the tile would not fit
-    assert not tri.reads_lone_row_early(128, cache(FP8_KV_DTYPE))
-    assert not tri.reads_lone_row_early(128, cache(torch.float32))
-    tri.decode_config = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-    assert not tri.reads_lone_row_early(128, cache(torch.bfloat16))
-    tri = TritonAttentionBackend(16, "cpu")
-    tri.decode_preload = False
-    assert not tri.reads_lone_row_early(128, cache(torch.bfloat16))
-
-
 @pytest.mark.interpret
 @pytest.mark.parametrize("context", [0, 100, 255, 256, 400])
 def test_lone_row_reads_its_short_context_in_one_tile(context):
