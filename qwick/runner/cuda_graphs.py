@@ -152,7 +152,7 @@ class DecodeGraphRunner:
         self.decode_rows = torch.arange(self.max_bs, dtype=torch.int32, device=device)
         self.graphs: dict[int, _Graph] = {}
         self.short_context = SHORT_CONTEXT_GRAPHS
-        self.short_context_one_row = SHORT_CONTEXT_ONE_ROW  # where the backend reads a lone row early
+        self.short_context_one_row = 0  # set at capture, once the KV cache says what the backend reads
         self.short_graphs: dict[int, _Graph] = {}  # one split per row, for contexts <= short_context
         self.pool = None
         self.num_replays = 0
@@ -320,9 +320,9 @@ class DecodeGraphRunner:
 
     def _capture_all(self) -> None:
         attn = self.model.attention_layers()[0]
-        reads_early = getattr(self.backend, "reads_lone_row_early", None)
-        if reads_early is None or not reads_early(attn.head_dim, attn.kv_cache):
-            self.short_context_one_row = 0  # measured only with those early reads
+        reads_early = getattr(self.backend, "reads_lone_row_early", None)  # measured only with those reads
+        one_row = reads_early is not None and reads_early(attn.head_dim, attn.kv_cache)
+        self.short_context_one_row = SHORT_CONTEXT_ONE_ROW if one_row else 0
         for splits in self._split_sets():
             graphs = self.graphs if splits is None else self.short_graphs
             for bs in reversed(self.buckets):

@@ -175,11 +175,24 @@ class TritonAttentionBackend(AttentionBackend):
     # ---- tuning --------------------------------------------------------------------------------------
     def reads_lone_row_early(self, head_dim: int, kv_cache: torch.Tensor) -> bool:
         """Whether a lone decode row's one-split launch reads its keys while QKV streams, 256 a tile
-        (`DECODE_PRELOAD_TILE`, as `_decode` and `_decode_cfg` choose it): 16-bit pages, heads of at most
-        128. Its one-split CUDA graph then pays at longer contexts (`cuda_graphs.SHORT_CONTEXT_ONE_ROW`)."""
-        early = self.pdl_early_decode or not pdl_supported(kv_cache.device)
-        tiled = self.decode_config is None and kv_cache.element_size() == 2 and head_dim <= 128
-        return self.decode_preload and early and tiled
+        (`DECODE_PRELOAD_TILE`), by the same tests `_decode` and `_decode_cfg` apply to such a step (the
+        kernel writing the new key, 16-bit pages, heads of at most 128). Its one-split CUDA graph then pays
+        at longer contexts (`cuda_graphs.SHORT_CONTEXT_ONE_ROW`)."""
+        tile = self._preload_tile_fits(head_dim, kv_cache.element_size(), is_fp8_kv(kv_cache.dtype))
+        early = self._reads_early(pdl_supported(kv_cache.device))
+        return self.fuse_decode_write and self.decode_config is None and early and tile
+
+    def _reads_early(self, pdl: bool) -> bool:
+        """Whether a lone decode row's kernel reads before its wait (`decode_preload`): in an early launch,
+        and without programmatic dependent launch (Triton's interpreter, older GPUs) anyway, so that the
+        code is tested there."""
+        return self.decode_preload and (self.pdl_early_decode or not pdl)
+
+    @staticmethod
+    def _preload_tile_fits(head_dim: int, itemsize: int, kv_fp8: bool) -> bool:
+        """`DECODE_PRELOAD_TILE` is for 16-bit pages and heads of at most 128: at 256 its 132 KB of shared
+        memory (at 128) would not fit an SM."""
+        return itemsize == 2 and not kv_fp8 and head_dim <= 128
 
     def _decode_cfg(
         self, head_dim: int, itemsize: int, kv_fp8: bool, num_rows: int, preload: bool = False
@@ -188,8 +201,8 @@ class TritonAttentionBackend(AttentionBackend):
             return self.decode_config
         if itemsize == 4:  # IEEE fp32 dots run on FMAs and need many registers: small tiles
             return {"BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
-        if preload and not kv_fp8 and head_dim <= 128:  # wider heads: the tile's 132 KB of shared memory
-            return dict(DECODE_PRELOAD_TILE)  # (at 128) would not fit
+        if preload and self._preload_tile_fits(head_dim, itemsize, kv_fp8):
+            return dict(DECODE_PRELOAD_TILE)
         # Measured on the H200 at qwen2.5-7b shapes (attention_bench --sweep [--kv-cache-dtype fp8]). fp8
         # pages: 4 warps read them 25-36% faster than 8 (batch 1 at 32k: 24.3 against 32.7 us per layer).
         # bf16 pages at 64 rows and more: 64-key tiles on 4 warps (batch 256 at a 640-token context: 87.1
@@ -475,10 +488,8 @@ class TritonAttentionBackend(AttentionBackend):
         grid = (num_kv_heads, plan.num_decode) if self.longest_first else (plan.num_decode, num_kv_heads)
         pdl = pdl_supported(q.device)
         early = self.pdl_early_decode and pdl and q.shape[0] == 1  # batch 1: after the one-row QKV GEMV
-        # The early reads overlap something only in an early launch; without programmatic dependent launch
-        # (Triton's interpreter, older GPUs) they run anyway, so that their code is tested there.
-        preload = self.decode_preload and (early or not pdl) and write is not None and splits == 1
-        preload = preload and plan.num_decode == 1
+        lone = q.shape[0] == 1 and plan.num_decode == 1 and splits == 1
+        preload = self._reads_early(pdl) and lone and write is not None
         kv_fp8 = is_fp8_kv(kv_cache.dtype)
         cfg = self._decode_cfg(head_dim, q.element_size(), kv_fp8, plan.num_decode, preload)
         decode_kernel[(*grid, splits)](

@@ -30,7 +30,7 @@ def test_reads_lone_row_early_where_the_whole_tile_applies():
     """`reads_lone_row_early`, which lets a lone row's one-split graph serve longer contexts, is true where
     `_decode` reads that row early in 256-key tiles: 16-bit pages, heads of at most 128, the tuned
     launch shapes, the early reads on (on a CPU device, which has no programmatic dependent launch, they
-    run unconditionally)."""
+    run unconditionally) and the kernel writing the new key."""
 
     def cache(dtype):
         return torch.zeros(2, 1, 16, 1, 8, dtype=dtype)
@@ -43,6 +43,7 @@ def test_reads_lone_row_early_where_the_whole_tile_applies():
     assert not tri.reads_lone_row_early(128, cache(torch.float32))
     tri.decode_config = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     assert not tri.reads_lone_row_early(128, cache(torch.bfloat16))
-    tri = TritonAttentionBackend(16, torch.device("cpu"))
-    tri.decode_preload = False
-    assert not tri.reads_lone_row_early(128, cache(torch.bfloat16))
+    for flag in ("decode_preload", "fuse_decode_write"):  # no early reads; no new key to write in them
+        tri = TritonAttentionBackend(16, torch.device("cpu"))
+        setattr(tri, flag, False)
+        assert not tri.reads_lone_row_early(128, cache(torch.bfloat16))
