@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.gemv import SCALES_FIRST, _gemv_kernel  # noqa: E402
+from qwick.kernels.gemv import GROUP_SCALES_AHEAD, SCALES_FIRST, _gemv_kernel  # noqa: E402
 from qwick.kernels.row_gemv_half2 import DOT4_ASM, PAIRED, _w4_half2_kernel  # noqa: E402
 from qwick.kernels.w4a16 import _w4_tiles_kernel  # noqa: E402
 from qwick.layers.attention.triton_kernels import decode_kernel, extend_kernel  # noqa: E402
@@ -59,7 +59,15 @@ def compile_ptx(fn, sig: dict, const: dict, divisible: list[str], num_warps: int
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False, preload: bool = False):
+def decode(
+    fp8: bool,
+    block_n: int,
+    warps: int,
+    stages: int,
+    fused: bool = False,
+    preload: bool = False,
+    apart: bool = False,
+):
     kv = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": kv, "v_cache_ptr": kv, "out_ptr": "*bf16", "mid_o_ptr": "*fp32"}
     sig |= {"mid_lse_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32"}
@@ -75,6 +83,7 @@ def decode(fp8: bool, block_n: int, warps: int, stages: int, fused: bool = False
     const |= dict(KV_FP8=fp8, F16_DOT=fp8, HEADS_FIRST=True, FUSED_WRITE=fused)
     # a lone row launched early: reads its first key tile before the wait, lets o in after it
     const |= dict(PDL_TRIGGER=preload, PDL_WAIT=preload, PRELOAD=preload, TRIGGER_LATE=preload)
+    const |= dict(NEW_KEY_APART=apart)  # the new key scored apart from the preloaded tile
     div = (
         [n for n in sig if n.endswith("_ptr")]
         + list(_STRIDES)
@@ -123,6 +132,7 @@ def gemv(
     const = dict(HAS_SCALE=True, X_CODES=codes, X_GROUP=x_group, INT_DOT=int_dot, HAS_BIAS=False)
     const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even_k)
     const |= dict(PRELOAD=codes, TRIGGER=codes, SCALES_FIRST=SCALES_FIRST)  # as `gemv` launches it
+    const |= dict(GROUP_AHEAD=GROUP_SCALES_AHEAD)
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
@@ -168,6 +178,10 @@ VARIANTS = {
     # `DECODE_PRELOAD_TILE`: a short context's keys all read before the wait
     "decode bf16, a lone row reading early (256 keys, 8 warps, 1 stage)": lambda: decode(
         False, 256, 8, 1, True, True
+    ),
+    # `DECODE_NEW_KEY_APART`: the preloaded tile left as read (staged for the dots before the wait)
+    "decode bf16, a lone row reading early, the new key apart (256 keys)": lambda: decode(
+        False, 256, 8, 1, True, True, True
     ),
     "extend bf16 (128 x 128, 2 stages)": lambda: extend(False, 2),
     "extend fp8 (128 x 128, 2 stages)": lambda: extend(True, 2),
@@ -226,6 +240,10 @@ def main() -> None:
         counts = " ".join(f"{len(re.findall(re.escape(op), ptx)):4d}" for op in COUNTED)
         resources = f"{kernel.metadata.shared // 1024} KB, {registers(kernel)} regs"
         print(f"{name:42s} {counts}  {resources}", flush=True)
+        if "griddepcontrol.wait" in ptx:  # what a kernel launched early does once the one before has ended
+            after = ptx[ptx.index("griddepcontrol.wait") :]
+            counts = " ".join(f"{op} {after.count(op)}" for op in ("st.shared", "ldmatrix", "bar.sync"))
+            print(f"{'  after the wait':42s} {counts}")
         total, ops = sass_counts(kernel)
         print(f"{'  SASS':42s} {total} in all; " + " ".join(f"{op} {ops.get(op, 0)}" for op in SASS_COUNTED))
 

@@ -83,6 +83,13 @@ DECODE_TRIGGER_LATE = True
 # (Triton 3.6, `benchmarks/ptx_counts.py decode`). fp8 pages (not measured) and heads wider than 128 keep
 # their tiles.
 DECODE_PRELOAD_TILE = {"BLOCK_N": 256, "num_warps": 8, "num_stages": 1}
+# A lone row that reads early leaves its preloaded tile as read, masks out the tile's stale slot of the new
+# key and scores that key apart (`decode_kernel`'s NEW_KEY_APART); the rotary tables and the slot are read
+# before the wait too. Merged into the tile after the wait, the new key held the whole tile's staging for
+# the dot products (64 KB of keys and 64 KB of values through shared memory) behind the wait; sm_90 PTX
+# (Triton 3.6, `benchmarks/ptx_counts.py decode`): 80 shared-memory stores and 112 `ldmatrix` after the
+# wait with the merge, 48 and 96 without it. The same products, summed in another order.
+DECODE_NEW_KEY_APART = True
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
@@ -167,6 +174,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.fuse_decode_write = FUSE_DECODE_WRITE
         self.decode_preload = DECODE_PRELOAD
         self.decode_trigger_late = DECODE_TRIGGER_LATE
+        self.decode_new_key_apart = DECODE_NEW_KEY_APART
         # The decode kernel launched early (`qwick.kernels.pdl`), waiting at its start: where the QKV
         # projection before it lets it in (`LinearMethod.lets_next_in`).
         self.pdl_early_decode = early_decode
@@ -535,6 +543,7 @@ class TritonAttentionBackend(AttentionBackend):
             PDL_WAIT=early,
             PRELOAD=preload,
             TRIGGER_LATE=self.decode_trigger_late,
+            NEW_KEY_APART=preload and self.decode_new_key_apart,
             **cfg,
             **({"launch_pdl": True} if early else {}),
         )

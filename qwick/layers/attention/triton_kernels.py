@@ -239,6 +239,7 @@ def decode_kernel(
     PDL_WAIT: tl.constexpr,
     PRELOAD: tl.constexpr,
     TRIGGER_LATE: tl.constexpr,
+    NEW_KEY_APART: tl.constexpr = False,
 ):
     """Flash-decoding over one split of a row's context for one kv head's query group. With FUSED_WRITE
     (q, k, v the step's unrotated projections; `write_kv_rope`'s work done here): the queries are rotated
@@ -250,7 +251,13 @@ def decode_kernel(
     before; everything else was written by kernels that had ended before that one could let this one in.
     The tile's slot of the new key, read before this kernel writes it, takes the written value from
     registers: the same tile as the loop would read, so the same bits. TRIGGER_LATE: PDL_TRIGGER's
-    trigger after the wait (and the preload), not at the start."""
+    trigger after the wait (and the preload), not at the start.
+
+    NEW_KEY_APART (with PRELOAD): the rotary tables and the slot are read before the wait too, the new key
+    and value right after it with q, and the preloaded tile is left as read: its slot of the new key is
+    masked out and that key scored and weighted apart (`_decode_tile_new_apart`). Nothing the wait
+    releases then flows into the tile, so the compiler stages it for the dot products (shared memory,
+    `ldmatrix`) before the wait instead of after it. The same products, summed in another order."""
     if PDL_TRIGGER and not TRIGGER_LATE:  # the next kernel may launch now (the o projection's weights)
         pdl_trigger()
     if PDL_WAIT and not PRELOAD:  # launched early: nothing is read before the kernel before has ended
@@ -281,11 +288,16 @@ def decode_kernel(
     t1 = tl.minimum(t0 + per_split, last)
     bt_row = block_tables_ptr + row.to(tl.int64) * stride_bt
     kv_off = kvh * stride_ch + d[None, :]
+    half: tl.constexpr = HEAD_DIM // 2
+    dtype = q_ptr.dtype.element_ty
     if PRELOAD:
         n_pre, valid_pre, k_pre, v_pre = _decode_kv_tile(
             t0, seq_len, start, bt_row, k_cache_ptr, v_cache_ptr, kv_off, d, stride_cb, stride_cs,
             HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_N,
         )  # fmt: skip
+        if NEW_KEY_APART:  # written before the step, not by the kernel before: read before the wait
+            c, s = rope_tables(cos_ptr, sin_ptr, (seq_len - 1).to(tl.int64), d % half, HEAD_DIM, dtype)
+            slot = tl.load(slot_ptr + tok).to(tl.int64)
         if PDL_WAIT:
             pdl_wait()
     if PDL_TRIGGER and TRIGGER_LATE:
@@ -293,28 +305,43 @@ def decode_kernel(
     q_row = q_ptr + tok * stride_qt + head[:, None] * stride_qh
     q = tl.load(q_row + d[None, :], mask=gd_mask, other=0.0)
     if FUSED_WRITE:  # D_PAD == HEAD_DIM, a power of two: each column's partner is in the other half
-        half: tl.constexpr = HEAD_DIM // 2
-        dtype = q_ptr.dtype.element_ty
-        c, s = rope_tables(cos_ptr, sin_ptr, (seq_len - 1).to(tl.int64), d % half, HEAD_DIM, dtype)
         partner = (d + half) % HEAD_DIM
         first_half = d < half
         q_partner = tl.load(q_row + partner[None, :], mask=gd_mask, other=0.0)
+        k_row = k_ptr + tok * stride_kt + kvh * HEAD_DIM
+        if NEW_KEY_APART:  # issued with q's loads, not behind q's rotation
+            k_raw = tl.load(k_row + d)
+            k_partner = tl.load(k_row + partner)
+            v_raw = tl.load(v_ptr + tok * stride_vt + kvh * stride_vh + d)
+        else:
+            c, s = rope_tables(cos_ptr, sin_ptr, (seq_len - 1).to(tl.int64), d % half, HEAD_DIM, dtype)
         q = rotate_tile(q, q_partner, first_half[None, :], c[None, :], s[None, :], dtype)
     if F16_DOT:
         q, scale_log2 = _fp16_queries(q, scale_log2)
 
-    if FUSED_WRITE:
+    if NEW_KEY_APART:  # one split: it holds the row's last key
+        k_new = _to_cache(
+            rotate_tile(k_raw, k_partner, first_half, c, s, dtype), k_inv_scale, k_cache_ptr, KV_FP8
+        )
+        v_new = _to_cache(v_raw, v_inv_scale, v_cache_ptr, KV_FP8)
+        _store_new_kv(
+            k_new, v_new, slot, k_cache_ptr, v_cache_ptr, kvh, d, stride_cb, stride_cs, stride_ch,
+            BLOCK_SIZE,
+        )  # fmt: skip
+        # the preloaded tile's slot of the new key (when it holds it and the key was written) is stale
+        new_in_tile = ((seq_len - 1) // BLOCK_N == t0) & (slot >= 0)
+        tl.debug_barrier()  # the stores before any thread of the program reads the tile holding them
+    elif FUSED_WRITE:
         if (t0 < t1) & (t1 == last):  # this split reads the row's last key: write it first
             slot = tl.load(slot_ptr + tok).to(tl.int64)
-            k_row = k_ptr + tok * stride_kt + kvh * HEAD_DIM
             k_new = rotate_tile(tl.load(k_row + d), tl.load(k_row + partner), first_half, c, s, dtype)
             v_new = tl.load(v_ptr + tok * stride_vt + kvh * stride_vh + d)
-            dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kvh * stride_ch + d
-            ok = d * 0 + slot >= 0  # a block, not a scalar (the interpreter rejects the mixed mask)
             k_new = _to_cache(k_new, k_inv_scale, k_cache_ptr, KV_FP8)
             v_new = _to_cache(v_new, v_inv_scale, v_cache_ptr, KV_FP8)
-            tl.store(k_cache_ptr + dst, k_new, mask=ok)
-            tl.store(v_cache_ptr + dst, v_new, mask=ok)
+            _store_new_kv(
+                k_new, v_new, slot, k_cache_ptr, v_cache_ptr, kvh, d, stride_cb, stride_cs, stride_ch,
+                BLOCK_SIZE,
+            )  # fmt: skip
             if PRELOAD:  # the preloaded tile's slot of the new key, as the loop would read it back
                 is_new = ((n_pre == seq_len - 1) & (slot >= 0))[:, None]
                 k_pre = tl.where(is_new, k_new[None, :], k_pre)
@@ -325,7 +352,13 @@ def decode_kernel(
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     t_loop = t0
-    if PRELOAD:
+    if NEW_KEY_APART:
+        m_i, l_i, acc = _decode_tile_new_apart(
+            q, k_pre, v_pre, valid_pre, n_pre == seq_len - 1, new_in_tile, k_new, v_new, scale_log2,
+            DOT_PREC,
+        )  # fmt: skip
+        t_loop = t0 + 1
+    elif PRELOAD:
         if t0 < t1:  # (a row's one split always has a tile)
             m_i, l_i, acc = _decode_tile(q, k_pre, v_pre, valid_pre, m_i, l_i, acc, scale_log2, DOT_PREC)
         t_loop = t0 + 1
@@ -368,6 +401,40 @@ def _decode_kv_tile(
     k = tl.load(k_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
     v = tl.load(v_cache_ptr + at[:, None] + kv_off, mask=kv_mask, other=0.0)
     return n, valid, k, v
+
+
+@triton.jit
+def _store_new_kv(
+    k_new, v_new, slot, k_cache_ptr, v_cache_ptr, kvh, d, stride_cb, stride_cs, stride_ch,
+    BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """The step's key and value of kv head `kvh` (cache form) into cache slot `slot` (< 0: none)."""
+    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kvh * stride_ch + d
+    ok = d * 0 + slot >= 0  # a block, not a scalar (the interpreter rejects the mixed mask)
+    tl.store(k_cache_ptr + dst, k_new, mask=ok)
+    tl.store(v_cache_ptr + dst, v_new, mask=ok)
+
+
+@triton.jit
+def _decode_tile_new_apart(
+    q, k, v, valid, is_new, has_new, k_new, v_new, scale_log2, DOT_PREC: tl.constexpr
+):  # fmt: skip
+    """The first tile of a fresh online softmax (`_decode_tile` from m = -inf) read before the new key was
+    written: where `has_new`, its slot `is_new` is stale, so it is masked out and the new key (k_new,
+    v_new, the cache's values) scored and weighted apart, with the same products and roundings (p in
+    q's dtype before its product with v)."""
+    qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
+    qk = tl.where(valid[None, :] & ~(is_new & has_new)[None, :], qk, _NEG)
+    s_new = tl.sum(q.to(tl.float32) * k_new.to(q.dtype).to(tl.float32)[None, :], 1) * scale_log2
+    s_new = tl.where(has_new, s_new, _NEG)
+    m_new = tl.maximum(tl.max(qk, 1), s_new)
+    p = tl.exp2(qk - m_new[:, None])
+    p_new = tl.where(has_new, tl.exp2(s_new - m_new), 0.0)
+    l_i = tl.sum(p, 1) + p_new
+    p_new = p_new.to(q.dtype).to(tl.float32)
+    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+    acc += p_new[:, None] * v_new.to(q.dtype).to(tl.float32)[None, :]
+    return m_new, l_i, acc
 
 
 @triton.jit
