@@ -119,6 +119,7 @@ def gemv(
     codes: bool = False,
     x_group: int = 0,
     even_k: bool = True,
+    ahead: bool = GROUP_SCALES_AHEAD,
 ):
     """W8A16 (bf16 activations), or with `codes` W8A8 as one early-launched decode row runs it (activation
     codes of the weight's type, the first tile preloaded, the trigger past the loop; `x_group`: a scale
@@ -132,7 +133,7 @@ def gemv(
     const = dict(HAS_SCALE=True, X_CODES=codes, X_GROUP=x_group, INT_DOT=int_dot, HAS_BIAS=False)
     const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even_k)
     const |= dict(PRELOAD=codes, TRIGGER=codes, SCALES_FIRST=SCALES_FIRST)  # as `gemv` launches it
-    const |= dict(GROUP_AHEAD=GROUP_SCALES_AHEAD)
+    const |= dict(GROUP_AHEAD=ahead)  # `x_group`'s scales loaded a tile ahead
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
@@ -194,6 +195,7 @@ VARIANTS = {
     "gemv W8A8 int8 gate/up (64 x 256, 3 stages)": lambda: gemv("int8", 64, 256, 1, 3, codes=True),
     "gemv W8A8 fp8 down (64 x 256, split 8)": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False),
     "gemv W8A8 int8 down (64 x 256, split 8)": lambda: gemv("int8", 64, 256, 8, 3, True, 512, False),
+    "gemv W8A8 fp8 down, scales a tile ahead": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False, True),
     "half2 int4 GEMV (gate/up, 32 rows)": lambda: half2(False),
     "half2 int4 GEMV with SiLU-and-mul (gate/up, 32 rows)": lambda: half2(True),
     "half2 int4 GEMV (o, 64 rows, 8 warps, split 8)": lambda: half2(False, 64, 8, 8),

@@ -42,8 +42,10 @@ SCALES_FIRST = False
 # tile's scale is read one tile ahead, carried through the loop: read where it is used, after the tile's
 # products, its load was a dependent trip to memory in every iteration, ahead of the loads the pipeline
 # issues for the tiles after it (sm_90 PTX, Triton 3.6: `ld.global.b32` of the scale right before the
-# FMAs that apply it). The same products.
-GROUP_SCALES_AHEAD = True
+# FMAs that apply it); ahead, it issues at the top of the iteration. The same products (interpreter tests).
+# Written in the 44th session, whose device calls found no machine: off until timed on a GPU
+# (`gpu_session.sh groupahead`).
+GROUP_SCALES_AHEAD = False
 
 
 @triton.jit(do_not_specialize=["M"])  # one variant for every batch size: none compiles mid-serving

@@ -409,10 +409,10 @@ def test_preloaded_gemv_gives_the_same_bits(qdtype, n, k, group):
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 @pytest.mark.parametrize("k", [1024, 1100])
 def test_group_scales_read_ahead_give_the_same_bits(qdtype, k, monkeypatch):
-    """`GROUP_SCALES_AHEAD` (on): with a scale per 512 activation columns, each tile's scales are loaded
-    one tile ahead of their use. Bit for bit the outputs of loading them where they are used: one row
-    and four, launched early or not, at split-K launches whose splits end mid-tile (1100) and one with
-    empty splits (8 splits of 256 columns over 1024)."""
+    """`GROUP_SCALES_AHEAD` (off until timed on a GPU): with a scale per 512 activation columns, each
+    tile's scales are loaded one tile ahead of their use. Bit for bit the outputs of loading them where
+    they are used: one row and four, launched early or not, at split-K launches whose splits end mid-tile
+    (1100) and one with empty splits (8 splits of 256 columns over 1024)."""
     import qwick.kernels.gemv as G
 
     dev, out_dtype, tol, ws, gen, wq, wscale, bias, configs = _w8a8_gemv_case(qdtype, 96, k, 1)

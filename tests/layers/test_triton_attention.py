@@ -639,7 +639,7 @@ def test_decode_preload_gives_the_same_bits(context, window, kv_fp8, new_key_apa
     new key is written (before the wait of an early launch) and takes that key from registers. The cache
     is bit for bit the one without it, and so is the output where the key is merged into the tile: new
     keys at the start, middle and end of a tile (and the next tile's first), past a window, a padding
-    row's slot (-1) read as the cache holds it. With `decode_new_key_apart` (`DECODE_NEW_KEY_APART`, on)
+    row's slot (-1) read as the cache holds it. With `decode_new_key_apart` (`DECODE_NEW_KEY_APART`)
     the tile's stale slot is masked and the new key scored apart: the same products summed in another
     order, so the output is the same to within rounding."""
     from qwick.layers.rotary import RopeStep
@@ -689,8 +689,9 @@ def test_decode_preload_gives_the_same_bits(context, window, kv_fp8, new_key_apa
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("new_key_apart", [False, True])
 @pytest.mark.parametrize("context", [0, 100, 255, 256, 400])
-def test_lone_row_reads_its_short_context_in_one_tile(context):
+def test_lone_row_reads_its_short_context_in_one_tile(context, new_key_apart):
     """A lone decode row that reads early (`decode_preload`) takes its keys 256 at a time
     (`DECODE_PRELOAD_TILE`), so a short context is all read before the wait; longer ones loop over such
     tiles. Its output matches the row without the early reads (128-key tiles), within rounding, and the
@@ -713,6 +714,7 @@ def test_lone_row_reads_its_short_context_in_one_tile(context):
     kw = dict(scale=head_dim**-0.5, sliding_window=None, k_scale=1.0, v_scale=1.0, rope=rope)
     tri = _backend(bs, device, fixed_num_splits=1)
     tri.pdl_early_decode = True  # a GPU reads early in an early launch alone (waiting on nothing here)
+    tri.decode_new_key_apart = new_key_apart  # (`DECODE_NEW_KEY_APART`: the new key scored apart)
     assert tri._decode_cfg(head_dim, 2, False, 1, preload=True) == DECODE_PRELOAD_TILE
     assert tri._decode_cfg(head_dim, 2, False, 1) != DECODE_PRELOAD_TILE
     assert tri._decode_cfg(head_dim, 1, True, 1, preload=True) != DECODE_PRELOAD_TILE  # fp8 pages

@@ -88,8 +88,10 @@ DECODE_PRELOAD_TILE = {"BLOCK_N": 256, "num_warps": 8, "num_stages": 1}
 # before the wait too. Merged into the tile after the wait, the new key held the whole tile's staging for
 # the dot products (64 KB of keys and 64 KB of values through shared memory) behind the wait; sm_90 PTX
 # (Triton 3.6, `benchmarks/ptx_counts.py decode`): 80 shared-memory stores and 112 `ldmatrix` after the
-# wait with the merge, 48 and 96 without it. The same products, summed in another order.
-DECODE_NEW_KEY_APART = True
+# wait with the merge, 52 and 89 with the key apart, and one trip to memory after the wait instead of two
+# (q and the new key's loads issued together). The same products, summed in another order. Written in the
+# 44th session, whose device calls found no machine: off until timed on a GPU (`gpu_session.sh newkey`).
+DECODE_NEW_KEY_APART = False
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
