@@ -63,11 +63,11 @@
 #                                            # 256: the graph tests, fp8 and int4 batch 1 at 384 + 128
 #                                            # tokens, alternating
 #   bash benchmarks/gpu_session.sh groupahead  # the W8A8 down GEMV loading its group scales a tile
-#                                            # ahead (`GROUP_SCALES_AHEAD`, off until timed): tests, fp8 /
-#                                            # int8 batch 1 with the default and flipped, alternating
+#                                            # ahead (`GROUP_SCALES_AHEAD`, off: no gain on an
+#                                            # H200): tests, fp8 / int8 batch 1 with the default and flipped, alternating
 #   bash benchmarks/gpu_session.sh newkey    # a lone decode row scoring the new key apart from its
-#                                            # preloaded tile (`DECODE_NEW_KEY_APART`, off until timed):
-#                                            # tests, fp8 / int4 batch 1 default and flipped, alternating
+#                                            # preloaded tile (`DECODE_NEW_KEY_APART`, on since
+#                                            # the 45th session): tests, fp8 / int4 batch 1 default and flipped, alternating
 #   bash benchmarks/gpu_session.sh preloadtile  # a lone decode row reading its short context whole
 #                                            # before its wait (256-key tiles, `DECODE_PRELOAD_TILE`, on
 #                                            # since the 42nd): tests, fp8 / int8 / int4 batch 1 with it and
@@ -1078,8 +1078,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     done
     ;;
   groupahead)  # the W8A8 GEMV with a scale per 512 activation columns (the down projection) loading each
-    # tile's scales one tile ahead (`gemv.GROUP_SCALES_AHEAD`, off until timed; 44th session): its GPU
-    # tests, then the QUANTS (default "fp8 int8") batch 1 with the default and the flag flipped,
+    # tile's scales one tile ahead (`gemv.GROUP_SCALES_AHEAD`, off: no gain on an H200, 45th session):
+    # its GPU tests, then the QUANTS (default "fp8 int8") batch 1 with the default and the flag flipped,
     # alternating (REPS_LIST)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
       -k "group or preload" 2>&1 | tail -3
@@ -1091,9 +1091,10 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     done
     ;;
   newkey)  # a lone decode row reading early scores the new key apart from its preloaded tile
-    # (`triton_backend.DECODE_NEW_KEY_APART`, off until timed; 44th session), so the tile is staged for the
-    # dot products before the wait: its GPU tests, then the QUANTS (default "fp8 int4") batch 1 with the
-    # default and the flag flipped (the key merged into the tile after the wait), alternating (REPS_LIST)
+    # (`triton_backend.DECODE_NEW_KEY_APART`, on since the 45th session: +2.5% fp8, +0.8% int4 on an
+    # H200), so the tile is staged for the dot products before the wait: its GPU tests, then the QUANTS
+    # (default "fp8 int4") batch 1 with the default and the flag flipped (the key merged into the tile
+    # after the wait), alternating (REPS_LIST)
     python -m pytest -q -m gpu -p no:cacheprovider tests/layers/test_triton_attention.py \
       -k "preload or lone_row or writes_the_new_keys" 2>&1 | tail -3
     FLIP="import sys; from qwick.layers.attention import triton_backend as T

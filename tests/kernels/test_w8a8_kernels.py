@@ -409,7 +409,7 @@ def test_preloaded_gemv_gives_the_same_bits(qdtype, n, k, group):
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 @pytest.mark.parametrize("k", [1024, 1100])
 def test_group_scales_read_ahead_give_the_same_bits(qdtype, k, monkeypatch):
-    """`GROUP_SCALES_AHEAD` (off until timed on a GPU): with a scale per 512 activation columns, each
+    """`GROUP_SCALES_AHEAD` (off: no gain on an H200): with a scale per 512 activation columns, each
     tile's scales are loaded one tile ahead of their use. Bit for bit the outputs of loading them where
     they are used: one row and four, launched early or not, at split-K launches whose splits end mid-tile
     (1100) and one with empty splits (8 splits of 256 columns over 1024)."""
@@ -433,6 +433,59 @@ def test_group_scales_read_ahead_give_the_same_bits(qdtype, k, monkeypatch):
     x_deq = xq.double() * xs.double().repeat_interleave(512, dim=1)[:, :k]  # and right: the last launch
     ref = (x_deq @ wq.double().T) * wscale.double().view(1, -1) + bias.double()
     _check(runs[0][-1], ref, 4, 96, out_dtype, tol, "ahead")
+    assert int(ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
+@pytest.mark.parametrize("group", [None, 512])
+@pytest.mark.parametrize("ahead", [False, True])
+def test_preloaded_tile_added_last_gives_the_same_products(qdtype, group, ahead, monkeypatch):
+    """`PRELOADED_TILE_LAST` (off until timed): an early launch's preloaded first tile is multiplied past
+    the loop. The same products in another order: W8A8 codes per row (int8's int32 sums bit for bit) or
+    per 512 columns (with the group scales read ahead or not) and W8A16, one row and four, at split-K
+    launches whose splits end mid-tile (1100 columns)."""
+    import qwick.kernels.gemv as G
+
+    monkeypatch.setattr(G, "GROUP_SCALES_AHEAD", ahead)
+    n, k = (96, 1100) if INTERPRET else (3584, 18944)
+    dev, out_dtype, tol, ws, gen, wq, wscale, bias, configs = _w8a8_gemv_case(qdtype, n, k, 1)
+    x = torch.randn(4, k, generator=gen, device=dev)
+    runs: list[list[torch.Tensor]] = []
+    for last in (False, True):
+        monkeypatch.setattr(G, "PRELOADED_TILE_LAST", last)
+        outs = []
+        for m in (1, 4):
+            xq, xs = (
+                quantize_per_token(x[:m], qdtype)
+                if group is None
+                else quantize_per_token_group(x[:m], qdtype, group)
+            )
+            for cfg in configs:
+                outs.append(
+                    G.gemv(
+                        xq,
+                        wq,
+                        bias,
+                        ws,
+                        cfg,
+                        weight_scale=wscale,
+                        x_scale=xs,
+                        out_dtype=out_dtype,
+                        x_group=group,
+                        preload=True,
+                    )
+                )
+                outs.append(G.gemv(x[:m].to(out_dtype), wq, bias, ws, cfg, weight_scale=wscale, preload=True))
+        runs.append(outs)
+    exact = qdtype == torch.int8 and group is None
+    for i, (new, old) in enumerate(zip(*runs, strict=True)):
+        if exact and i % 2 == 0:
+            assert torch.equal(new, old)
+        else:
+            torch.testing.assert_close(
+                new.float(), old.float(), rtol=tol, atol=tol * old.float().abs().max().item()
+            )
     assert int(ws.counters.abs().sum()) == 0
 
 

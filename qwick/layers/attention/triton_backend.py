@@ -89,9 +89,11 @@ DECODE_PRELOAD_TILE = {"BLOCK_N": 256, "num_warps": 8, "num_stages": 1}
 # the dot products (64 KB of keys and 64 KB of values through shared memory) behind the wait; sm_90 PTX
 # (Triton 3.6, `benchmarks/ptx_counts.py decode`): 80 shared-memory stores and 112 `ldmatrix` after the
 # wait with the merge, 52 and 89 with the key apart, and one trip to memory after the wait instead of two
-# (q and the new key's loads issued together). The same products, summed in another order. Written in the
-# 44th session, whose device calls found no machine: off until timed on a GPU (`gpu_session.sh newkey`).
-DECODE_NEW_KEY_APART = False
+# (q and the new key's loads issued together). The same products, summed in another order. Timed on an
+# H200 in the 45th session (`gpu_session.sh newkey`'s runs, qwen2.5-7b batch 1, 128 + 128 tokens, decode
+# tokens/s): fp8 434.0 and 432.9-433.0 against 422.8 and 423.3 (+2.5%), int8 427.6 against 416.3 (+2.7%),
+# int4 579.7 and 579.8 against 575.5 and 574.9 (+0.8%).
+DECODE_NEW_KEY_APART = True
 NO_WINDOW = 1 << 30  # "no sliding window": every key is inside it
 
 if TYPE_CHECKING:
