@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.gemv import GROUP_SCALES_AHEAD, PRELOADED_TILE_LAST, SCALES_FIRST, _gemv_kernel  # noqa: E402
+from qwick.kernels.gemv import GROUP_SCALES_AHEAD, SCALES_FIRST, _gemv_kernel  # noqa: E402
 from qwick.kernels.row_gemv_half2 import DOT4_ASM, PAIRED, _w4_half2_kernel  # noqa: E402
 from qwick.kernels.w4a16 import _w4_tiles_kernel  # noqa: E402
 from qwick.layers.attention.triton_kernels import decode_kernel, extend_kernel  # noqa: E402
@@ -120,7 +120,6 @@ def gemv(
     x_group: int = 0,
     even_k: bool = True,
     ahead: bool = GROUP_SCALES_AHEAD,
-    first_last: bool = PRELOADED_TILE_LAST,
 ):
     """W8A16 (bf16 activations), or with `codes` W8A8 as one early-launched decode row runs it (activation
     codes of the weight's type, the first tile preloaded, the trigger past the loop; `x_group`: a scale
@@ -135,7 +134,6 @@ def gemv(
     const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even_k)
     const |= dict(PRELOAD=codes, TRIGGER=codes, SCALES_FIRST=SCALES_FIRST)  # as `gemv` launches it
     const |= dict(GROUP_AHEAD=ahead)  # `x_group`'s scales loaded a tile ahead
-    const |= dict(FIRST_LAST=first_last)  # the preloaded tile's products past the loop
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
@@ -198,13 +196,6 @@ VARIANTS = {
     "gemv W8A8 fp8 down (64 x 256, split 8)": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False),
     "gemv W8A8 int8 down (64 x 256, split 8)": lambda: gemv("int8", 64, 256, 8, 3, True, 512, False),
     "gemv W8A8 fp8 down, scales a tile ahead": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False, True),
-    # `PRELOADED_TILE_LAST`: the loop's prologue issued before the preloaded tile's products
-    "gemv W8A8 fp8 gate/up, the preloaded tile last": lambda: gemv(
-        "fp8", 64, 256, 1, 3, True, first_last=True
-    ),
-    "gemv W8A8 fp8 down, the preloaded tile last": lambda: gemv(
-        "fp8", 64, 256, 8, 3, True, 512, False, first_last=True
-    ),
     "half2 int4 GEMV (gate/up, 32 rows)": lambda: half2(False),
     "half2 int4 GEMV with SiLU-and-mul (gate/up, 32 rows)": lambda: half2(True),
     "half2 int4 GEMV (o, 64 rows, 8 warps, split 8)": lambda: half2(False, 64, 8, 8),

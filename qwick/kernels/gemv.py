@@ -46,16 +46,6 @@ SCALES_FIRST = False
 # Off: no gain on an H200 (45th session, qwen2.5-7b batch 1, decode tokens/s): fp8 422.4 against 422.8 and
 # 423.3 without it, int8 417.4 against 416.3; the other programs on each SM hide the scale's trip.
 GROUP_SCALES_AHEAD = False
-# An early launch's preloaded first tile is multiplied past the loop, not before it: in the sm_90 PTX (Triton
-# 3.6) the loop's pipeline prologue (the `cp.async` of the next tiles' weights) issued only after that
-# tile's products, which wait on the activations' load after `pdl_wait`, so no weight streamed for a trip
-# to memory after every wait. Past the loop, the activation tile's load issues with the prologue's. Products
-# summed in another order (the int32 sums of int8 the same). The preloaded tile held through the loop costs
-# registers (80 -> 125 a thread at the fp8 gate/up launch, 110 -> 142 at down), so fewer programs fit an SM;
-# `PRELOADED_TILE_LAST_MAXNREG` caps them (96: 5 programs of 4 warps an SM, as 80 gave; ptxas spills 8-32
-# bytes a thread there). Written in the 45th session; off until timed.
-PRELOADED_TILE_LAST = False
-PRELOADED_TILE_LAST_MAXNREG: int | None = 96
 
 
 @triton.jit(do_not_specialize=["M"])  # one variant for every batch size: none compiles mid-serving
@@ -91,7 +81,6 @@ def _gemv_kernel(
     TRIGGER_START: tl.constexpr = False,
     SCALES_FIRST: tl.constexpr = False,
     GROUP_AHEAD: tl.constexpr = False,
-    FIRST_LAST: tl.constexpr = False,
 ):
     """GATED (one split): W is a [gate | up] weight of N rows, each tile's first half gate rows and its
     second half the up rows of the same outputs, and y [M, N / 2] is silu(gate) * up (`gated_store`).
@@ -100,8 +89,7 @@ def _gemv_kernel(
     TRIGGER_START at the program's start. SCALES_FIRST (`SCALES_FIRST`): the weight's scales are read
     before the wait (or the loop) and the activations' per-row scales after the wait, not past the loop;
     the same products. GROUP_AHEAD (`GROUP_SCALES_AHEAD`, with X_GROUP): each tile's activation scales are
-    loaded one tile ahead of their use. FIRST_LAST (`PRELOADED_TILE_LAST`, with PRELOAD): the preloaded
-    tile's products are added past the loop."""
+    loaded one tile ahead of their use."""
     if TRIGGER_START and not _EMULATE:
         pdl_trigger()
     pid_n = tl.program_id(0)
@@ -123,9 +111,11 @@ def _gemv_kernel(
     k_loop = k_start
     early_scales: tl.constexpr = SCALES_FIRST and HAS_SCALE
     early_x_scales: tl.constexpr = SCALES_FIRST and X_CODES and X_GROUP == 0
-    # PRELOAD: the weights (and their scales) before the wait; the activations (and theirs) after it
+    # PRELOAD: the weights (and their scales) before the wait; the activations (and theirs) after it. (The
+    # preloaded tile's products added past the loop, so that the pipeline's first loads issue right after
+    # the wait, lost 8-10% of fp8 batch 1 on an H100 (45th session): its registers, held through the loop.)
     if PRELOAD:
-        w0 = load_w_tile(w_rows, k_start + rk, k_end, n_ok, EVEN_K)
+        w = load_w_tile(w_rows, k_start + rk, k_end, n_ok, EVEN_K)
     if early_scales:
         w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
     if PRELOAD and not _EMULATE:
@@ -138,12 +128,11 @@ def _gemv_kernel(
     if ahead:  # (after the wait: the kernel before wrote them)
         xs = _group_scales(xs_rows, m_ok, k_start, k_end, X_GROUP)
     if PRELOAD:
-        xs0 = xs
+        x = load_x_tile(x_rows, k_start + rk, k_end, m_ok, EVEN_K)
+        xs_tile = xs
         if ahead:
             xs = _group_scales(xs_rows, m_ok, k_start + BLOCK_K, k_end, X_GROUP)
-        if not FIRST_LAST:
-            x0 = load_x_tile(x_rows, k_start + rk, k_end, m_ok, EVEN_K)
-            acc = _accumulate(acc, x0, w0, xs_rows, xs0, m_ok, k_start, X_CODES, X_GROUP, INT_DOT, ahead)
+        acc = _accumulate(acc, x, w, xs_rows, xs_tile, m_ok, k_start, X_CODES, X_GROUP, INT_DOT, ahead)
         k_loop = k_start + BLOCK_K
     for k in range(k_loop, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
@@ -151,9 +140,6 @@ def _gemv_kernel(
         if ahead:
             xs = _group_scales(xs_rows, m_ok, k + BLOCK_K, k_end, X_GROUP)
         acc = _accumulate(acc, x, w, xs_rows, xs_tile, m_ok, k, X_CODES, X_GROUP, INT_DOT, ahead)
-    if PRELOAD and FIRST_LAST:
-        x0 = load_x_tile(x_rows, k_start + rk, k_end, m_ok, EVEN_K)
-        acc = _accumulate(acc, x0, w0, xs_rows, xs0, m_ok, k_start, X_CODES, X_GROUP, INT_DOT, ahead)
     if TRIGGER and not TRIGGER_START and not _EMULATE:  # the next kernel may launch once every program
         pdl_trigger()  # is past its loop
     acc = acc.to(tl.float32)
@@ -554,8 +540,6 @@ def gemv(
     ws.check(cfg.split_k, MAX_M, n, tiles, cfg)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     preload = preload and (cfg.split_k - 1) * k_per_split < k  # every split has a first tile
-    first_last = PRELOADED_TILE_LAST and preload
-    cap = PRELOADED_TILE_LAST_MAXNREG if first_last and x.device.type == "cuda" else None
     _gemv_kernel[(tiles, cfg.split_k)](
         x,
         weight,
@@ -588,10 +572,8 @@ def gemv(
         TRIGGER_START=trigger and trigger_at_start and pdl_supported(x.device),
         SCALES_FIRST=SCALES_FIRST,
         GROUP_AHEAD=GROUP_SCALES_AHEAD,
-        FIRST_LAST=first_last,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if preload and pdl_supported(x.device) else {}),
-        **({"maxnreg": cap} if cap else {}),
     )
     return y

@@ -438,59 +438,6 @@ def test_group_scales_read_ahead_give_the_same_bits(qdtype, k, monkeypatch):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
-@pytest.mark.parametrize("group", [None, 512])
-@pytest.mark.parametrize("ahead", [False, True])
-def test_preloaded_tile_added_last_gives_the_same_products(qdtype, group, ahead, monkeypatch):
-    """`PRELOADED_TILE_LAST` (off until timed): an early launch's preloaded first tile is multiplied past
-    the loop. The same products in another order: W8A8 codes per row (int8's int32 sums bit for bit) or
-    per 512 columns (with the group scales read ahead or not) and W8A16, one row and four, at split-K
-    launches whose splits end mid-tile (1100 columns)."""
-    import qwick.kernels.gemv as G
-
-    monkeypatch.setattr(G, "GROUP_SCALES_AHEAD", ahead)
-    n, k = (96, 1100) if INTERPRET else (3584, 18944)
-    dev, out_dtype, tol, ws, gen, wq, wscale, bias, configs = _w8a8_gemv_case(qdtype, n, k, 1)
-    x = torch.randn(4, k, generator=gen, device=dev)
-    runs: list[list[torch.Tensor]] = []
-    for last in (False, True):
-        monkeypatch.setattr(G, "PRELOADED_TILE_LAST", last)
-        outs = []
-        for m in (1, 4):
-            xq, xs = (
-                quantize_per_token(x[:m], qdtype)
-                if group is None
-                else quantize_per_token_group(x[:m], qdtype, group)
-            )
-            for cfg in configs:
-                outs.append(
-                    G.gemv(
-                        xq,
-                        wq,
-                        bias,
-                        ws,
-                        cfg,
-                        weight_scale=wscale,
-                        x_scale=xs,
-                        out_dtype=out_dtype,
-                        x_group=group,
-                        preload=True,
-                    )
-                )
-                outs.append(G.gemv(x[:m].to(out_dtype), wq, bias, ws, cfg, weight_scale=wscale, preload=True))
-        runs.append(outs)
-    exact = qdtype == torch.int8 and group is None
-    for i, (new, old) in enumerate(zip(*runs, strict=True)):
-        if exact and i % 2 == 0:
-            assert torch.equal(new, old)
-        else:
-            torch.testing.assert_close(
-                new.float(), old.float(), rtol=tol, atol=tol * old.float().abs().max().item()
-            )
-    assert int(ws.counters.abs().sum()) == 0
-
-
-@pytest.mark.interpret
-@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 def test_gemvs_read_their_scales_first_with_the_same_bits(qdtype, monkeypatch):
     """`SCALES_FIRST` (off: no faster on an H100): the 8-bit GEMVs read the weight's scales before the wait
     (or the loop) and the activations' per-row scales after the wait, not past the loop. Bit for bit the
