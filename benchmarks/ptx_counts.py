@@ -27,7 +27,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.getcwd())
 from qwick.kernels.gemv import GROUP_SCALES_AHEAD, SCALES_FIRST, _gemv_kernel  # noqa: E402
-from qwick.kernels.row_gemv_half2 import DOT4_ASM, PAIRED, _w4_half2_kernel  # noqa: E402
+from qwick.kernels.row_gemv_half2 import DOT4_ASM, PAIRED, PAIRS_BY_WORD, _w4_half2_kernel  # noqa: E402
 from qwick.kernels.w4a16 import _w4_tiles_kernel  # noqa: E402
 from qwick.layers.attention.triton_kernels import decode_kernel, extend_kernel  # noqa: E402
 
@@ -151,10 +151,18 @@ def tiles(block_m: int, nibble: bool, half: bool = False):
     return compile_ptx(_w4_tiles_kernel, sig, const, div, 4, 3)
 
 
-def half2(gated: bool, block_n: int = 32, warps: int = 4, split: int = 1, norm: bool = False):
+def half2(
+    gated: bool,
+    block_n: int = 32,
+    warps: int = 4,
+    split: int = 1,
+    norm: bool = False,
+    by_word: bool = PAIRS_BY_WORD,
+):
     """The batch-1 int4 f16x2 GEMV, reading the producer's pairs: by default at the 7b gate/up launch shape
     (32 x 32 words, one split); `gated`: with SiLU-and-mul and the down projection's pairs in its
-    epilogue; `norm`: with the residual add + RMSNorm (and pairs) in its tail, as the o projection runs it."""
+    epilogue; `norm`: with the residual add + RMSNorm (and pairs) in its tail, as the o projection runs it;
+    `by_word`: the pairs loaded a word at a time (`PAIRS_BY_WORD`)."""
     sig = {"x_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16"}
     sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
     sig |= {n: "i32" for n in ("N", "KW", "stride_qn", "stride_sn")} | {"p_ptr": "*i32"}
@@ -162,7 +170,7 @@ def half2(gated: bool, block_n: int = 32, warps: int = 4, split: int = 1, norm: 
     const = dict(ZERO_POINT=0, ZERO_MODE=1, HAS_BIAS=False, SPLIT_K=split, GROUP_W=16, BLOCK_N=block_n)
     const |= dict(BLOCK_W=32, XPAIRS=PAIRED.value, DOT4=DOT4_ASM, EMULATE=False, PREFETCH=False)
     const |= dict(GATED=gated, OUT_PAIRS=gated or norm, OUT_INV_DIV=1 / 64, NORM_TAIL=norm)
-    const |= dict(NORM_BLOCK=4096 if norm else 1)
+    const |= dict(NORM_BLOCK=4096 if norm else 1, X_BY_WORD=by_word)
     div = [n for n in sig if n.endswith("_ptr") or n in ("N", "KW") or n.startswith("stride")]
     return compile_ptx(_w4_half2_kernel, sig, const, div, warps, 1)
 
@@ -200,6 +208,11 @@ VARIANTS = {
     "half2 int4 GEMV with SiLU-and-mul (gate/up, 32 rows)": lambda: half2(True),
     "half2 int4 GEMV (o, 64 rows, 8 warps, split 8)": lambda: half2(False, 64, 8, 8),
     "half2 int4 GEMV with the norm tail (o, 64 rows, 8 warps, split 8)": lambda: half2(False, 64, 8, 8, True),
+    # `PAIRS_BY_WORD`: x's pairs loaded straight in the products' layout, no barrier in the loop
+    "half2 int4 GEMV, pairs by word (gate/up, 32 rows)": lambda: half2(False, by_word=True),
+    "half2 int4 GEMV, pairs by word (o, 64 rows, 8 warps, split 8)": lambda: half2(
+        False, 64, 8, 8, by_word=True
+    ),
     "tiles int4 reshape (64 rows)": lambda: tiles(64, False),
     "tiles int4 nibble-pair dots (32 rows)": lambda: tiles(32, True),
     "tiles int4 nibble-pair dots (16 rows)": lambda: tiles(16, True),
