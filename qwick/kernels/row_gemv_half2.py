@@ -71,10 +71,10 @@ X_DIV = 64.0
 _X_DIV = tl.constexpr(X_DIV)
 TILE_WORDS = 32  # 256 codes of a row per tile
 # The activations' pairs loaded a word at a time ([C, 4] tiles of 32 int32, `_word_pairs`), not as one
-# [C, 4, 4] tile: the compiler spreads a 128-element tile over a 4-warp program's 128 threads and then
-# hands every thread its column's 16 pairs through shared memory, two `bar.sync` and four `ld.shared.v4`
-# each tile, which hold every warp of the program in step; a tile of fewer elements than threads it loads
-# straight in the layout the products read. The same products, bit for bit. sm_90 PTX (Triton 3.6,
+# [C, 4, 4] tile: Triton spreads the one tile over the program's threads and then hands every thread its
+# column's 16 pairs through shared memory, two `bar.sync` and four `ld.shared.v4` each tile, which hold
+# every warp of the program in step; the [C, 4] tiles it loads straight in the layout the products read
+# (each thread of a column loading the column's pairs, from L1). The same products, bit for bit. sm_90 PTX (Triton 3.6,
 # `benchmarks/ptx_counts.py half2`): the gate/up loop's barriers 2 -> 0, SASS `BAR` 4 -> 1, registers 54 ->
 # 48 (o: `BAR` 12 -> 3). Written in the 45th session after its device time was spent: off until timed
 # (`gpu_session.sh xbyword`).
@@ -154,8 +154,8 @@ def _f16_bits(v):
 @triton.jit
 def _word_pairs(x_ptr, col, XPAIRS: tl.constexpr):
     """The four f16x2 pairs [1, C] (shift 0..3) of the word at each quad's index `col` [C]: its four int32
-    loaded as one [C, 4] tile, a tile small enough for the compiler to load in the layout the products
-    read (every thread of a column holding the column's pairs), not through shared memory."""
+    loaded as one [C, 4] tile, which Triton loads in the layout the products read (every thread of a
+    column holding the column's pairs), not through shared memory (`PAIRS_BY_WORD`)."""
     C: tl.constexpr = col.shape[0]
     xs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + 4 * col[:, None] + tl.arange(0, 4)[None, :])
     a0, a1, a2, a3 = split4(xs.reshape(C, 2, 2))
