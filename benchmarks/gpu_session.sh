@@ -71,6 +71,9 @@
 #   bash benchmarks/gpu_session.sh xbyword   # the f16x2 int4 GEMV loading x's pairs a word at a time
 #                                            # (`PAIRS_BY_WORD`, off until timed): tests, int4 batch 1
 #                                            # default and flipped, alternating
+#   bash benchmarks/gpu_session.sh xrows     # the fp8 one-row o GEMV reading x in its codes' layout
+#                                            # (`X_AS_ROWS`, off until timed): tests, fp8 batch 1
+#                                            # default and flipped, alternating
 #   bash benchmarks/gpu_session.sh preloadtile  # a lone decode row reading its short context whole
 #                                            # before its wait (256-key tiles, `DECODE_PRELOAD_TILE`, on
 #                                            # since the 42nd): tests, fp8 / int8 / int4 batch 1 with it and
@@ -1102,6 +1105,17 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in ${QUANTS:-int4}; do
       alternate "b1_${q}_default" "b1_${q}_byword_flipped" "$FLIP" bench latency --num-iters 3 \
+        --shape qwen2.5-7b $SHORT --quantization $q
+    done
+    ;;
+  xrows)  # the fp8 one-row o GEMV reading x as a tile of repeated rows (`row_gemv_w8.X_AS_ROWS`, off until
+    # timed; 45th session), with no barrier in its loop: its GPU tests (the same bits), then fp8 batch 1
+    # (QUANTS, default "fp8") with the default and the flag flipped, alternating (REPS_LIST)
+    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv_w8.py 2>&1 | tail -3
+    FLIP="import sys; import qwick.kernels.row_gemv_w8 as R; R.X_AS_ROWS = not R.X_AS_ROWS
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for q in ${QUANTS:-fp8}; do
+      alternate "b1_${q}_default" "b1_${q}_xrows_flipped" "$FLIP" bench latency --num-iters 3 \
         --shape qwen2.5-7b $SHORT --quantization $q
     done
     ;;

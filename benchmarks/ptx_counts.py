@@ -28,6 +28,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, os.getcwd())
 from qwick.kernels.gemv import GROUP_SCALES_AHEAD, SCALES_FIRST, _gemv_kernel  # noqa: E402
 from qwick.kernels.row_gemv_half2 import DOT4_ASM, PAIRED, PAIRS_BY_WORD, _w4_half2_kernel  # noqa: E402
+from qwick.kernels.row_gemv_w8 import X_AS_ROWS, _w8_row_kernel  # noqa: E402
 from qwick.kernels.w4a16 import _w4_tiles_kernel  # noqa: E402
 from qwick.layers.attention.triton_kernels import decode_kernel, extend_kernel  # noqa: E402
 
@@ -138,6 +139,17 @@ def gemv(
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
 
+def w8row(x_rows: bool = X_AS_ROWS):
+    """The one-row GEMV on fp8 codes (CUDA cores) as the 7b o projection runs it: 16 x 256 tiles, split 4,
+    launched early (its first two tiles preloaded); `x_rows`: x read as a tile of repeated rows."""
+    sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16"}
+    sig |= {"ws_ptr": "*fp32", "counter_ptr": "*i32", "N": "i32", "K": "i32", "stride_wn": "i32"}
+    const = dict(HAS_BIAS=False, SPLIT_K=4, PREFETCH=False, BLOCK_N=16, BLOCK_K=256, PRELOAD=True)
+    const |= dict(SCALES_FIRST=SCALES_FIRST, X_ROWS=x_rows)
+    div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_wn"]
+    return compile_ptx(_w8_row_kernel, sig, const, div, 4, 1)
+
+
 def tiles(block_m: int, nibble: bool, half: bool = False):
     """The tiled W4A16 kernel, 128 outputs by 16-word tiles, zero points per group, K split in four; `half`:
     fp16 activations and scales, decoded in packed fp16 math (else bf16 activations, fp32 math)."""
@@ -204,6 +216,9 @@ VARIANTS = {
     "gemv W8A8 fp8 down (64 x 256, split 8)": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False),
     "gemv W8A8 int8 down (64 x 256, split 8)": lambda: gemv("int8", 64, 256, 8, 3, True, 512, False),
     "gemv W8A8 fp8 down, scales a tile ahead": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False, True),
+    "w8 row GEMV fp8 (o, 16 x 256, split 4)": lambda: w8row(),
+    # `X_AS_ROWS`: x read in the codes' layout, no barrier in the loop
+    "w8 row GEMV fp8, x as rows (o, 16 x 256, split 4)": lambda: w8row(True),
     "half2 int4 GEMV (gate/up, 32 rows)": lambda: half2(False),
     "half2 int4 GEMV with SiLU-and-mul (gate/up, 32 rows)": lambda: half2(True),
     "half2 int4 GEMV (o, 64 rows, 8 warps, split 8)": lambda: half2(False, 64, 8, 8),

@@ -74,10 +74,10 @@ TILE_WORDS = 32  # 256 codes of a row per tile
 # [C, 4, 4] tile: Triton spreads the one tile over the program's threads and then hands every thread its
 # column's 16 pairs through shared memory, two `bar.sync` and four `ld.shared.v4` each tile, which hold
 # every warp of the program in step; the [C, 4] tiles it loads straight in the layout the products read
-# (each thread of a column loading the column's pairs, from L1). The same products, bit for bit. sm_90 PTX (Triton 3.6,
-# `benchmarks/ptx_counts.py half2`): the gate/up loop's barriers 2 -> 0, SASS `BAR` 4 -> 1, registers 54 ->
-# 48 (o: `BAR` 12 -> 3). Written in the 45th session after its device time was spent: off until timed
-# (`gpu_session.sh xbyword`).
+# (each thread of a column loading the column's pairs, from L1). The same products, bit for bit. sm_90
+# PTX (Triton 3.6, `benchmarks/ptx_counts.py half2`): the gate/up loop's barriers 2 -> 0, SASS `BAR` 4 ->
+# 1, registers 54 -> 48 (o: `BAR` 12 -> 3; down: 12 -> 3, 128 -> 104 registers). Written in the 45th
+# session after its device time was spent: off until timed (`gpu_session.sh xbyword`).
 PAIRS_BY_WORD = False
 
 
