@@ -62,9 +62,6 @@
 #   bash benchmarks/gpu_session.sh short512  # a lone row's one-split graph up to 512 tokens (on) against
 #                                            # 256: the graph tests, fp8 and int4 batch 1 at 384 + 128
 #                                            # tokens, alternating
-#   bash benchmarks/gpu_session.sh groupahead  # the W8A8 down GEMV loading its group scales a tile
-#                                            # ahead (`GROUP_SCALES_AHEAD`, off: no gain on an
-#                                            # H200): tests, fp8 / int8 batch 1 with the default and flipped, alternating
 #   bash benchmarks/gpu_session.sh newkey    # a lone decode row scoring the new key apart from its
 #                                            # preloaded tile (`DECODE_NEW_KEY_APART`, on since
 #                                            # the 45th session): tests, fp8 / int4 batch 1 default and flipped, alternating
@@ -1081,19 +1078,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in fp8 int4; do
       alternate "b1_${q}_384_short512" "b1_${q}_384_short256" "$S256" bench latency --num-iters 3 \
         --shape qwen2.5-7b --max-model-len 4096 --input-len 384 --output-len 128 --quantization $q
-    done
-    ;;
-  groupahead)  # the W8A8 GEMV with a scale per 512 activation columns (the down projection) loading each
-    # tile's scales one tile ahead (`gemv.GROUP_SCALES_AHEAD`, off: no gain on an H200, 45th session):
-    # its GPU tests, then the QUANTS (default "fp8 int8") batch 1 with the default and the flag flipped,
-    # alternating (REPS_LIST)
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
-      -k "group or preload" 2>&1 | tail -3
-    FLIP="import sys; import qwick.kernels.gemv as G; G.GROUP_SCALES_AHEAD = not G.GROUP_SCALES_AHEAD
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    for q in ${QUANTS:-fp8 int8}; do
-      alternate "b1_${q}_default" "b1_${q}_ahead_flipped" "$FLIP" bench latency --num-iters 3 \
-        --shape qwen2.5-7b $SHORT --quantization $q
     done
     ;;
   xbyword)  # the f16x2 int4 GEMV loading the activations' pairs a word at a time (`row_gemv_half2.PAIRS_BY_WORD`,

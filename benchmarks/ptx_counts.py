@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.gemv import GROUP_SCALES_AHEAD, SCALES_FIRST, _gemv_kernel  # noqa: E402
+from qwick.kernels.gemv import SCALES_FIRST, _gemv_kernel  # noqa: E402
 from qwick.kernels.row_gemv_half2 import DOT4_ASM, PAIRED, PAIRS_BY_WORD, _w4_half2_kernel  # noqa: E402
 from qwick.kernels.row_gemv_w8 import X_AS_ROWS, _w8_row_kernel  # noqa: E402
 from qwick.kernels.w4a16 import _w4_tiles_kernel  # noqa: E402
@@ -120,7 +120,6 @@ def gemv(
     codes: bool = False,
     x_group: int = 0,
     even_k: bool = True,
-    ahead: bool = GROUP_SCALES_AHEAD,
 ):
     """W8A16 (bf16 activations), or with `codes` W8A8 as one early-launched decode row runs it (activation
     codes of the weight's type, the first tile preloaded, the trigger past the loop; `x_group`: a scale
@@ -134,7 +133,6 @@ def gemv(
     const = dict(HAS_SCALE=True, X_CODES=codes, X_GROUP=x_group, INT_DOT=int_dot, HAS_BIAS=False)
     const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even_k)
     const |= dict(PRELOAD=codes, TRIGGER=codes, SCALES_FIRST=SCALES_FIRST)  # as `gemv` launches it
-    const |= dict(GROUP_AHEAD=ahead)  # `x_group`'s scales loaded a tile ahead
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
@@ -215,7 +213,6 @@ VARIANTS = {
     "gemv W8A8 int8 gate/up (64 x 256, 3 stages)": lambda: gemv("int8", 64, 256, 1, 3, codes=True),
     "gemv W8A8 fp8 down (64 x 256, split 8)": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False),
     "gemv W8A8 int8 down (64 x 256, split 8)": lambda: gemv("int8", 64, 256, 8, 3, True, 512, False),
-    "gemv W8A8 fp8 down, scales a tile ahead": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False, True),
     "w8 row GEMV fp8 (o, 16 x 256, split 4)": lambda: w8row(),
     # `X_AS_ROWS`: x read in the codes' layout, no barrier in the loop
     "w8 row GEMV fp8, x as rows (o, 16 x 256, split 4)": lambda: w8row(True),

@@ -38,14 +38,9 @@ MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
 # 329.3 / 329.8 / 329.3 decode tok/s with it against 330.3 / 329.6 / 329.7 without, int8 324.3 / 324.1 /
 # 324.3 against 326.5 / 325.7 / 325.8 (-0.6%; gate/up's registers go 80 -> 96). Off.
 SCALES_FIRST = False
-# With a scale per group of activation columns (the down projection's SiLU-and-mul codes, `x_group`), each
-# tile's scale is read one tile ahead, carried through the loop: read where it is used, after the tile's
-# products, its load was a dependent trip to memory in every iteration, ahead of the loads the pipeline
-# issues for the tiles after it (sm_90 PTX, Triton 3.6: `ld.global.b32` of the scale right before the
-# FMAs that apply it); ahead, it issues at the top of the iteration. The same products (interpreter tests).
-# Off: no gain on an H200 (45th session, qwen2.5-7b batch 1, decode tokens/s): fp8 422.4 against 422.8 and
-# 423.3 without it, int8 417.4 against 416.3; the other programs on each SM hide the scale's trip.
-GROUP_SCALES_AHEAD = False
+# The down projection's activation scales (one per 512 columns) were also read a tile ahead of their use in
+# the 44th session: the scale's load sat right before the FMAs that apply it in the PTX, but no gain on an
+# H200 (45th session, batch 1: fp8 422.4 against 422.8 and 423.3, int8 417.4 against 416.3), so it went.
 
 
 @triton.jit(do_not_specialize=["M"])  # one variant for every batch size: none compiles mid-serving
@@ -80,7 +75,6 @@ def _gemv_kernel(
     TRIGGER: tl.constexpr = False,
     TRIGGER_START: tl.constexpr = False,
     SCALES_FIRST: tl.constexpr = False,
-    GROUP_AHEAD: tl.constexpr = False,
 ):
     """GATED (one split): W is a [gate | up] weight of N rows, each tile's first half gate rows and its
     second half the up rows of the same outputs, and y [M, N / 2] is silu(gate) * up (`gated_store`).
@@ -88,8 +82,7 @@ def _gemv_kernel(
     `pdl_wait`, and its product is the loop's first; TRIGGER: `pdl_trigger` once past the loop, or with
     TRIGGER_START at the program's start. SCALES_FIRST (`SCALES_FIRST`): the weight's scales are read
     before the wait (or the loop) and the activations' per-row scales after the wait, not past the loop;
-    the same products. GROUP_AHEAD (`GROUP_SCALES_AHEAD`, with X_GROUP): each tile's activation scales are
-    loaded one tile ahead of their use."""
+    the same products."""
     if TRIGGER_START and not _EMULATE:
         pdl_trigger()
     pid_n = tl.program_id(0)
@@ -122,24 +115,14 @@ def _gemv_kernel(
         pdl_wait()
     if early_x_scales:
         x_scale = tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)
-    ahead: tl.constexpr = GROUP_AHEAD and X_CODES and X_GROUP > 0
-    xs_rows = xs_ptr + rm * stride_xs
-    xs = tl.zeros((BLOCK_M,), dtype=tl.float32)  # with `ahead`: the current tile's scales, then the next's
-    if ahead:  # (after the wait: the kernel before wrote them)
-        xs = _group_scales(xs_rows, m_ok, k_start, k_end, X_GROUP)
+    xs_rows = xs_ptr + rm * stride_xs  # each row's activation scales
     if PRELOAD:
         x = load_x_tile(x_rows, k_start + rk, k_end, m_ok, EVEN_K)
-        xs_tile = xs
-        if ahead:
-            xs = _group_scales(xs_rows, m_ok, k_start + BLOCK_K, k_end, X_GROUP)
-        acc = _accumulate(acc, x, w, xs_rows, xs_tile, m_ok, k_start, X_CODES, X_GROUP, INT_DOT, ahead)
+        acc = _accumulate(acc, x, w, xs_rows, m_ok, k_start, X_CODES, X_GROUP, INT_DOT)
         k_loop = k_start + BLOCK_K
     for k in range(k_loop, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
-        xs_tile = xs
-        if ahead:
-            xs = _group_scales(xs_rows, m_ok, k + BLOCK_K, k_end, X_GROUP)
-        acc = _accumulate(acc, x, w, xs_rows, xs_tile, m_ok, k, X_CODES, X_GROUP, INT_DOT, ahead)
+        acc = _accumulate(acc, x, w, xs_rows, m_ok, k, X_CODES, X_GROUP, INT_DOT)
     if TRIGGER and not TRIGGER_START and not _EMULATE:  # the next kernel may launch once every program
         pdl_trigger()  # is past its loop
     acc = acc.to(tl.float32)
@@ -216,32 +199,22 @@ def gated_store(
 
 
 @triton.jit
-def _group_scales(xs_rows, m_ok, k, k_end, X_GROUP: tl.constexpr):
-    """The activation scales [BLOCK_M] of the tile at column k (`xs_rows` points at each row's scales),
-    k clamped into the split (a loop's last look ahead reads its last tile's again)."""
-    return tl.load(xs_rows + tl.minimum(k, k_end - 1) // X_GROUP, mask=m_ok, other=0.0)
-
-
-@triton.jit
 def _accumulate(
     acc,
     x,
     w,
     xs_rows,
-    xs,
     m_ok,
     k,
     X_CODES: tl.constexpr,
     X_GROUP: tl.constexpr,
     INT_DOT: tl.constexpr,
-    XS_LOADED: tl.constexpr = False,
 ):
-    """`acc` plus the products of the activation tile x and the weight tile w at column k. With X_GROUP,
-    the tile's activation scales are `xs` if XS_LOADED, else loaded here from `xs_rows`."""
+    """`acc` plus the products of the activation tile x and the weight tile w at column k (`xs_rows`: each
+    row's activation scales, with X_GROUP one per X_GROUP columns)."""
     if X_CODES and X_GROUP > 0:  # W8A8 with a scale per X_GROUP columns: scale each tile's sums
         part = tl.dot(x, tl.trans(w), out_dtype=tl.int32 if INT_DOT else tl.float32)
-        if not XS_LOADED:
-            xs = tl.load(xs_rows + k // X_GROUP, mask=m_ok, other=0.0)
+        xs = tl.load(xs_rows + k // X_GROUP, mask=m_ok, other=0.0)
         acc += part.to(tl.float32) * xs[:, None]
     elif X_CODES:  # W8A8: both operands are codes of one 8-bit type, multiplied as they are
         acc = tl.dot(x, tl.trans(w), acc, out_dtype=acc.dtype)
@@ -571,7 +544,6 @@ def gemv(
         TRIGGER=trigger and pdl_supported(x.device),
         TRIGGER_START=trigger and trigger_at_start and pdl_supported(x.device),
         SCALES_FIRST=SCALES_FIRST,
-        GROUP_AHEAD=GROUP_SCALES_AHEAD,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if preload and pdl_supported(x.device) else {}),

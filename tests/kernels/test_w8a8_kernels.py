@@ -407,37 +407,6 @@ def test_preloaded_gemv_gives_the_same_bits(qdtype, n, k, group):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
-@pytest.mark.parametrize("k", [1024, 1100])
-def test_group_scales_read_ahead_give_the_same_bits(qdtype, k, monkeypatch):
-    """`GROUP_SCALES_AHEAD` (off: no gain on an H200): with a scale per 512 activation columns, each
-    tile's scales are loaded one tile ahead of their use. Bit for bit the outputs of loading them where
-    they are used: one row and four, launched early or not, at split-K launches whose splits end mid-tile
-    (1100) and one with empty splits (8 splits of 256 columns over 1024)."""
-    import qwick.kernels.gemv as G
-
-    dev, out_dtype, tol, ws, gen, wq, wscale, bias, configs = _w8a8_gemv_case(qdtype, 96, k, 1)
-    x = torch.randn(4, k, generator=gen, device=dev) * torch.linspace(0.1, 5, k, device=dev)
-    runs: list[list[torch.Tensor]] = []
-    for ahead in (True, False):
-        monkeypatch.setattr(G, "GROUP_SCALES_AHEAD", ahead)
-        outs = []
-        for m in (1, 4):
-            xq, xs = quantize_per_token_group(x[:m], qdtype, 512)
-            codes = dict(weight_scale=wscale, x_scale=xs, out_dtype=out_dtype, x_group=512)
-            for cfg in (*configs, G.GemvConfig(32, 256, 8)):
-                for preload in (False, True):
-                    outs.append(G.gemv(xq, wq, bias, ws, cfg, **codes, preload=preload))
-        runs.append(outs)
-    for new, old in zip(*runs, strict=True):
-        assert torch.equal(new, old)
-    x_deq = xq.double() * xs.double().repeat_interleave(512, dim=1)[:, :k]  # and right: the last launch
-    ref = (x_deq @ wq.double().T) * wscale.double().view(1, -1) + bias.double()
-    _check(runs[0][-1], ref, 4, 96, out_dtype, tol, "ahead")
-    assert int(ws.counters.abs().sum()) == 0
-
-
-@pytest.mark.interpret
-@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 def test_gemvs_read_their_scales_first_with_the_same_bits(qdtype, monkeypatch):
     """`SCALES_FIRST` (off: no faster on an H100): the 8-bit GEMVs read the weight's scales before the wait
     (or the loop) and the activations' per-row scales after the wait, not past the loop. Bit for bit the
