@@ -1092,6 +1092,11 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         --shape qwen2.5-7b $SHORT --quantization $q
     done
     ;;
+  xbywordsweep)  # the f16x2 launch shapes with x's pairs loaded a word at a time (`PAIRS_BY_WORD`): the
+    # graph-timed sweep at the 7b shapes, 32-word tiles (long: run it alone)
+    BY_WORD=1 TILE_WORDS=32 python benchmarks/int4_half2_sweep.py "$OUT/int4_half2_sweep_by_word.json" 2>&1 \
+      | tail -40
+    ;;
   xrows)  # the fp8 one-row o GEMV reading x as a tile of repeated rows (`row_gemv_w8.X_AS_ROWS`, off until
     # timed; 45th session), with no barrier in its loop: its GPU tests (the same bits), then fp8 batch 1
     # (QUANTS, default "fp8") with the default and the flag flipped, alternating (REPS_LIST)
