@@ -316,7 +316,8 @@ def _w4_half2_kernel(
     BLOCK_W, so only rows are masked (and the loads stay 16 bytes wide). GATED: y [1, N / 2] is
     silu(gate) * up of a [gate | up] weight instead (`_gated_epilogue`; one split), and with OUT_PAIRS
     also its `HalfPairs` at p_ptr. NORM_TAIL: then the residual add + RMSNorm of y (`rms_norm_tail`:
-    res_ptr updated, the normalized row to nout_ptr and with OUT_PAIRS its `HalfPairs` to p_ptr)."""
+    res_ptr updated, the normalized row to nout_ptr and with OUT_PAIRS its `HalfPairs` to p_ptr).
+    X_BY_WORD (`PAIRS_BY_WORD`): x's pairs loaded a word at a time, the same products."""
     if TRIGGER_START and not EMULATE:  # (TRIGGER at the program's start: `w4_half2_gemv`)
         pdl_trigger()
     C: tl.constexpr = BLOCK_W // 4
