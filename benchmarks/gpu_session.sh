@@ -64,7 +64,8 @@
 #                                            # tokens, alternating
 #   bash benchmarks/gpu_session.sh newkey    # a lone decode row scoring the new key apart from its
 #                                            # preloaded tile (`DECODE_NEW_KEY_APART`, on since
-#                                            # the 45th session): tests, fp8 / int4 batch 1 default and flipped, alternating
+#                                            # the 45th session): tests, fp8 / int4 batch 1 default
+#                                            # and flipped, alternating
 #   bash benchmarks/gpu_session.sh xbyword   # the f16x2 int4 GEMV loading x's pairs a word at a time
 #                                            # (`PAIRS_BY_WORD`, off until timed): tests, int4 batch 1
 #                                            # default and flipped, alternating
@@ -1080,9 +1081,9 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         --shape qwen2.5-7b --max-model-len 4096 --input-len 384 --output-len 128 --quantization $q
     done
     ;;
-  xbyword)  # the f16x2 int4 GEMV loading the activations' pairs a word at a time (`row_gemv_half2.PAIRS_BY_WORD`,
-    # off until timed; 45th session), with no barrier in its loop: its GPU tests (the same bits), then int4
-    # batch 1 (QUANTS, default "int4") with the default and the flag flipped, alternating (REPS_LIST)
+  xbyword)  # the f16x2 int4 GEMV loading the activations' pairs a word at a time
+    # (`row_gemv_half2.PAIRS_BY_WORD`, off until timed; 45th session), with no barrier in its loop: its GPU
+    # tests (the same bits), then int4 batch 1 (QUANTS, default "int4") with the default and the flag flipped, alternating (REPS_LIST)
     python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv_half2.py \
       tests/kernels/test_row_gemv.py 2>&1 | tail -3
     FLIP="import sys; import qwick.kernels.row_gemv_half2 as H; H.PAIRS_BY_WORD = not H.PAIRS_BY_WORD

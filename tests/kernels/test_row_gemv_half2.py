@@ -40,6 +40,7 @@ def test_pairs_loaded_a_word_at_a_time_give_the_same_bits(n, k, paired, monkeypa
         RowGemvConfig(16, 8, 1),
         RowGemvConfig(32, 16, 5, prefetch=True),
     ]
+    gate_up = n % 16 == 0  # n rows can be read as a [gate | up] weight by 16-row tiles of one split
     runs: list[list[torch.Tensor]] = []
     for by_word in (False, True):
         monkeypatch.setattr(H, "PAIRS_BY_WORD", by_word)
@@ -51,9 +52,7 @@ def test_pairs_loaded_a_word_at_a_time_give_the_same_bits(n, k, paired, monkeypa
                 norm = NormAfter(norm_w, 1e-6, res, HalfPairs(H.X_DIV))
                 normed = H.w4_half2_normed(x, qw, b, ws, norm, cfg, pairs, **early)
                 outs += [res, normed.x, normed.pairs]
-                if (
-                    cfg.split_k == 1 and cfg.block_n % 16 == 0 and n % 16 == 0
-                ):  # a [gate | up] weight of n rows
+                if gate_up and cfg.split_k == 1 and cfg.block_n % 16 == 0:
                     gated = H.w4_half2_gated(x, qw, b, ws, cfg, pairs, HalfPairs(H.X_DIV), **early)
                     outs += [gated.x, gated.pairs]
         runs.append(outs)
