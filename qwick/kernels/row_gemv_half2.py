@@ -159,11 +159,19 @@ def _word_pairs(x_ptr, col, XPAIRS: tl.constexpr):
     C: tl.constexpr = col.shape[0]
     xs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + 4 * col[:, None] + tl.arange(0, 4)[None, :])
     a0, a1, a2, a3 = split4(xs.reshape(C, 2, 2))
+    a0, a1, a2, a3 = _as_pairs(a0, a1, a2, a3, XPAIRS)
+    return a0[None, :], a1[None, :], a2[None, :], a3[None, :]
+
+
+@triton.jit
+def _as_pairs(a0, a1, a2, a3, XPAIRS: tl.constexpr):
+    """The f16x2 pairs of the four int32 a0..a3 of x (x0x1, x2x3, x4x5, x6x7): XPAIRS's conversion, or
+    a0..a3 as they are when x_ptr holds the `HalfPairs` operand (PAIRED, made by x's producer)."""
     if XPAIRS != PAIRED:
         a0, a1, a2, a3 = tl.inline_asm_elementwise(
             XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
         )
-    return a0[None, :], a1[None, :], a2[None, :], a3[None, :]
+    return a0, a1, a2, a3
 
 
 @triton.jit
@@ -183,12 +191,7 @@ def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.conste
         xw = x_ptr.to(tl.pointer_type(tl.int32)) + 4 * cols  # two activations per int32, four per word
         xs = tl.load(xw[:, :, None] + tl.arange(0, 4)[None, None, :])  # [C, word, 4]
         a0, a1, a2, a3 = split4(xs.reshape(C, 4, 2, 2))  # [C, word]: x0x1, x2x3, x4x5, x6x7 (or the pairs)
-        if XPAIRS == PAIRED:  # x_ptr holds the `HalfPairs` operand: the words' pairs, made by x's producer
-            d0, d1, d2, d3 = a0, a1, a2, a3
-        else:
-            d0, d1, d2, d3 = tl.inline_asm_elementwise(
-                XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
-            )  # [C, word] per shift
+        d0, d1, d2, d3 = _as_pairs(a0, a1, a2, a3, XPAIRS)  # [C, word] per shift
         x00, x10, x20, x30 = _words_pairs(d0)  # x{word}{shift}
         x01, x11, x21, x31 = _words_pairs(d1)
         x02, x12, x22, x32 = _words_pairs(d2)
