@@ -66,6 +66,7 @@
 #                                            # preloaded tile (`DECODE_NEW_KEY_APART`, on since
 #                                            # the 45th session): tests, fp8 / int4 batch 1 default
 #                                            # and flipped, alternating
+#   bash benchmarks/gpu_session.sh int4mlp   # int4 batch 1 with its MLP chain launched early and without
 #   bash benchmarks/gpu_session.sh xbyword   # the f16x2 int4 GEMV loading x's pairs a word at a time
 #                                            # (`PAIRS_BY_WORD`, off until timed): tests, int4 batch 1
 #                                            # default and flipped, alternating
@@ -225,6 +226,9 @@ case "${1:-}" in
     for q in fp8 int8 int4; do
       run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
     done
+    bash "$0" int4mlp
+    ;;
+  int4mlp)  # int4's MLP chain (`pdl_mlp` and `pdl_down`, off) on top of the defaults, alternating (REPS_LIST)
     MLP="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.pdl_mlp = P.pdl_down = True
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     alternate b1_int4_default b1_int4_mlp "$MLP" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
