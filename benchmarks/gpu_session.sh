@@ -42,9 +42,10 @@
 #                                            # dependent launch, `pdl_preload`, on): tests, the A/B
 #                                            # against QWICK_PDL=0, greedy, the graph tests
 #   bash benchmarks/gpu_session.sh pdlmlp    # the early-launched chain (`pdl_mlp`: o lets gate/up in;
-#                                            # `pdl_down`: gate/up lets down in, both off; `pdl_norm`:
-#                                            # down lets the norm in, QKV attention, on): int4 batch 1
-#                                            # with none / PDL off / norm / both / all, tests
+#                                            # `pdl_down`: gate/up lets down in, both on since the
+#                                            # 47th; `pdl_norm`: down lets the norm in, QKV attention,
+#                                            # on): int4 batch 1 with none / PDL off / norm / both /
+#                                            # all, tests
 #   bash benchmarks/gpu_session.sh attnpreload  # a lone decode row's attention loading its first key tile
 #                                            # before it waits for QKV (`DECODE_PRELOAD`), QKV letting it
 #                                            # in at its start (`pdl_qkv_start`), o let in after the wait
@@ -66,13 +67,8 @@
 #                                            # preloaded tile (`DECODE_NEW_KEY_APART`, on since
 #                                            # the 45th session): tests, fp8 / int4 batch 1 default
 #                                            # and flipped, alternating
-#   bash benchmarks/gpu_session.sh int4mlp   # int4 batch 1 with its MLP chain launched early and without
-#   bash benchmarks/gpu_session.sh xbyword   # the f16x2 int4 GEMV loading x's pairs a word at a time
-#                                            # (`PAIRS_BY_WORD`, off until timed): tests, int4 batch 1
-#                                            # default and flipped, alternating
-#   bash benchmarks/gpu_session.sh xrows     # the fp8 one-row o GEMV reading x in its codes' layout
-#                                            # (`X_AS_ROWS`, off until timed): tests, fp8 batch 1
-#                                            # default and flipped, alternating
+#   bash benchmarks/gpu_session.sh int4mlp   # int4 batch 1 with its MLP chain launched early (the default
+#                                            # since the 47th session) and without, alternating
 #   bash benchmarks/gpu_session.sh preloadtile  # a lone decode row reading its short context whole
 #                                            # before its wait (256-key tiles, `DECODE_PRELOAD_TILE`, on
 #                                            # since the 42nd): tests, fp8 / int8 / int4 batch 1 with it and
@@ -219,19 +215,19 @@ case "${1:-}" in
       | tail -15
     python -m pytest -q -p no:cacheprovider tests/entrypoints/test_llm_structured.py 2>&1 | tail -3
     ;;
-  targets)  # issue 7's batch-1 decode table (bf16, fp8, int8, int4), then int4's MLP chain (`pdl_mlp` and
-    # `pdl_down`, off: +1.8% alone on an H200 and -7% on an H100 in the 38th) on top of the defaults,
-    # alternating (REPS_LIST)
+  targets)  # issue 7's batch-1 decode table (bf16, fp8, int8, int4), then int4 with its MLP chain and
+    # without (`int4mlp`)
     run bf16 $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/lat_bf16.json"
     for q in fp8 int8 int4; do
       run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
     done
     bash "$0" int4mlp
     ;;
-  int4mlp)  # int4's MLP chain (`pdl_mlp` and `pdl_down`, off) on top of the defaults, alternating (REPS_LIST)
-    MLP="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.pdl_mlp = P.pdl_down = True
+  int4mlp)  # int4's MLP chain (`pdl_mlp` and `pdl_down`: on since the 47th session, +2.5-2.7% on an H100)
+    # against the defaults without it, alternating (REPS_LIST)
+    OFF="import sys; from qwick.quantization.int4 import PackedLinearMethod as P; P.pdl_mlp = P.pdl_down = False
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    alternate b1_int4_default b1_int4_mlp "$MLP" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
+    alternate b1_int4_default b1_int4_mlp_off "$OFF" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
       --quantization int4
     ;;
   latency)
@@ -980,9 +976,10 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py tests/models 2>&1 | tail -2
     ;;
   pdlmlp)  # the early-launched chain: o lets gate/up in (`pdl_mlp`), gate/up lets down in (`pdl_down`),
-    # both off; down lets the next layer's input norm in and QKV decode attention (`pdl_norm`, on), each
-    # GEMV once its programs are past their loops: int4 batch 1 with none (every switch off), QWICK_PDL=0
-    # (off), norm (the default), mlp (`pdl_mlp` alone), both (the MLP chain) and all, round-robin
+    # both on since the 47th session; down lets the next layer's input norm in and QKV decode attention
+    # (`pdl_norm`, on), each GEMV once its programs are past their loops: int4 batch 1 with none (every
+    # switch off), QWICK_PDL=0 (off), norm, mlp (`pdl_mlp` alone), both (the MLP chain) and all (the
+    # default), round-robin
     # (VARIANTS), then the tests
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     for i in ${REPS_LIST:-1 2}; do
@@ -1083,34 +1080,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for q in fp8 int4; do
       alternate "b1_${q}_384_short512" "b1_${q}_384_short256" "$S256" bench latency --num-iters 3 \
         --shape qwen2.5-7b --max-model-len 4096 --input-len 384 --output-len 128 --quantization $q
-    done
-    ;;
-  xbyword)  # the f16x2 int4 GEMV loading the activations' pairs a word at a time
-    # (`row_gemv_half2.PAIRS_BY_WORD`, off until timed; 45th session), with no barrier in its loop: its GPU
-    # tests (the same bits), then int4 batch 1 (QUANTS, default "int4") with the default and the flag flipped, alternating (REPS_LIST)
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv_half2.py \
-      tests/kernels/test_row_gemv.py 2>&1 | tail -3
-    FLIP="import sys; import qwick.kernels.row_gemv_half2 as H; H.PAIRS_BY_WORD = not H.PAIRS_BY_WORD
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    for q in ${QUANTS:-int4}; do
-      alternate "b1_${q}_default" "b1_${q}_byword_flipped" "$FLIP" bench latency --num-iters 3 \
-        --shape qwen2.5-7b $SHORT --quantization $q
-    done
-    ;;
-  xbywordsweep)  # the f16x2 launch shapes with x's pairs loaded a word at a time (`PAIRS_BY_WORD`): the
-    # graph-timed sweep at the 7b shapes, 32-word tiles (long: run it alone)
-    BY_WORD=1 TILE_WORDS=32 python benchmarks/int4_half2_sweep.py "$OUT/int4_half2_sweep_by_word.json" 2>&1 \
-      | tail -40
-    ;;
-  xrows)  # the fp8 one-row o GEMV reading x as a tile of repeated rows (`row_gemv_w8.X_AS_ROWS`, off until
-    # timed; 45th session), with no barrier in its loop: its GPU tests (the same bits), then fp8 batch 1
-    # (QUANTS, default "fp8") with the default and the flag flipped, alternating (REPS_LIST)
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_row_gemv_w8.py 2>&1 | tail -3
-    FLIP="import sys; import qwick.kernels.row_gemv_w8 as R; R.X_AS_ROWS = not R.X_AS_ROWS
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    for q in ${QUANTS:-fp8}; do
-      alternate "b1_${q}_default" "b1_${q}_xrows_flipped" "$FLIP" bench latency --num-iters 3 \
-        --shape qwen2.5-7b $SHORT --quantization $q
     done
     ;;
   newkey)  # a lone decode row reading early scores the new key apart from its preloaded tile

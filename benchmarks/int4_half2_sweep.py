@@ -5,9 +5,8 @@ together overflow the L2, the f16x2 kernel reading the `HalfPairs` operand x's p
 PAIRS=0: pairing x in registers instead). Each launch shape runs with and without the two-tile register
 prefetch (`RowGemvConfig.prefetch`); env TILE_WORDS (default "16 32") narrows the tiles; the default and
 64-row tiles also run under each register cap of env MAX_REGISTERS (default "32 40 48 64"). Prints the
-default and the best three per shape and the per-layer sums; argv[1]: JSON out. Env BY_WORD=1: with x's
-pairs loaded a word at a time (`row_gemv_half2.PAIRS_BY_WORD`), whose loop has no barrier, so the best
-launch shapes may move. With TRITON_INTERPRET=1 on the CPU: tiny shapes, a smoke test without timings.
+default and the best three per shape and the per-layer sums; argv[1]: JSON out. With TRITON_INTERPRET=1
+on the CPU: tiny shapes, a smoke test without timings.
 
 NCU=1: instead, one launch per shape of the default (32-row tiles) and of the 64-row tiles that were the
 default before the 31st session, with the producer's pairs, on weights the L2 does not hold, for
@@ -38,10 +37,6 @@ L2_OVERFLOW = 200 << 20
 ROWS_WARPS = ((16, 2), (32, 2), (64, 2), (64, 8), (128, 8))  # rows per tile against warps
 CUDA = torch.cuda.is_available()
 PAIRS = os.environ.get("PAIRS", "1") != "0"
-if os.environ.get("BY_WORD") == "1":
-    import qwick.kernels.row_gemv_half2 as half2_module
-
-    half2_module.PAIRS_BY_WORD = True  # read at each launch
 TILE_WORDS = tuple(int(v) for v in os.environ.get("TILE_WORDS", "16 32").split())
 MAX_REGISTERS = tuple(int(v) for v in os.environ.get("MAX_REGISTERS", "32 40 48 64").split())
 if not CUDA:

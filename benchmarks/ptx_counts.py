@@ -27,8 +27,8 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.getcwd())
 from qwick.kernels.gemv import SCALES_FIRST, _gemv_kernel  # noqa: E402
-from qwick.kernels.row_gemv_half2 import DOT4_ASM, PAIRED, PAIRS_BY_WORD, _w4_half2_kernel  # noqa: E402
-from qwick.kernels.row_gemv_w8 import X_AS_ROWS, _w8_row_kernel  # noqa: E402
+from qwick.kernels.row_gemv_half2 import DOT4_ASM, PAIRED, _w4_half2_kernel  # noqa: E402
+from qwick.kernels.row_gemv_w8 import _w8_row_kernel  # noqa: E402
 from qwick.kernels.w4a16 import _w4_tiles_kernel  # noqa: E402
 from qwick.layers.attention.triton_kernels import decode_kernel, extend_kernel  # noqa: E402
 
@@ -137,13 +137,13 @@ def gemv(
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
 
-def w8row(x_rows: bool = X_AS_ROWS):
+def w8row():
     """The one-row GEMV on fp8 codes (CUDA cores) as the 7b o projection runs it: 16 x 256 tiles, split 4,
-    launched early (its first two tiles preloaded); `x_rows`: x read as a tile of repeated rows."""
+    launched early (its first two tiles preloaded)."""
     sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16"}
     sig |= {"ws_ptr": "*fp32", "counter_ptr": "*i32", "N": "i32", "K": "i32", "stride_wn": "i32"}
     const = dict(HAS_BIAS=False, SPLIT_K=4, PREFETCH=False, BLOCK_N=16, BLOCK_K=256, PRELOAD=True)
-    const |= dict(SCALES_FIRST=SCALES_FIRST, X_ROWS=x_rows)
+    const |= dict(SCALES_FIRST=SCALES_FIRST)
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_wn"]
     return compile_ptx(_w8_row_kernel, sig, const, div, 4, 1)
 
@@ -161,18 +161,10 @@ def tiles(block_m: int, nibble: bool, half: bool = False):
     return compile_ptx(_w4_tiles_kernel, sig, const, div, 4, 3)
 
 
-def half2(
-    gated: bool,
-    block_n: int = 32,
-    warps: int = 4,
-    split: int = 1,
-    norm: bool = False,
-    by_word: bool = PAIRS_BY_WORD,
-):
+def half2(gated: bool, block_n: int = 32, warps: int = 4, split: int = 1, norm: bool = False):
     """The batch-1 int4 f16x2 GEMV, reading the producer's pairs: by default at the 7b gate/up launch shape
     (32 x 32 words, one split); `gated`: with SiLU-and-mul and the down projection's pairs in its
-    epilogue; `norm`: with the residual add + RMSNorm (and pairs) in its tail, as the o projection runs it;
-    `by_word`: the pairs loaded a word at a time (`PAIRS_BY_WORD`)."""
+    epilogue; `norm`: with the residual add + RMSNorm (and pairs) in its tail, as the o projection runs it."""
     sig = {"x_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16"}
     sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
     sig |= {n: "i32" for n in ("N", "KW", "stride_qn", "stride_sn")} | {"p_ptr": "*i32"}
@@ -180,7 +172,7 @@ def half2(
     const = dict(ZERO_POINT=0, ZERO_MODE=1, HAS_BIAS=False, SPLIT_K=split, GROUP_W=16, BLOCK_N=block_n)
     const |= dict(BLOCK_W=32, XPAIRS=PAIRED.value, DOT4=DOT4_ASM, EMULATE=False, PREFETCH=False)
     const |= dict(GATED=gated, OUT_PAIRS=gated or norm, OUT_INV_DIV=1 / 64, NORM_TAIL=norm)
-    const |= dict(NORM_BLOCK=4096 if norm else 1, X_BY_WORD=by_word)
+    const |= dict(NORM_BLOCK=4096 if norm else 1)
     div = [n for n in sig if n.endswith("_ptr") or n in ("N", "KW") or n.startswith("stride")]
     return compile_ptx(_w4_half2_kernel, sig, const, div, warps, 1)
 
@@ -214,17 +206,10 @@ VARIANTS = {
     "gemv W8A8 fp8 down (64 x 256, split 8)": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False),
     "gemv W8A8 int8 down (64 x 256, split 8)": lambda: gemv("int8", 64, 256, 8, 3, True, 512, False),
     "w8 row GEMV fp8 (o, 16 x 256, split 4)": lambda: w8row(),
-    # `X_AS_ROWS`: x read in the codes' layout, no barrier in the loop
-    "w8 row GEMV fp8, x as rows (o, 16 x 256, split 4)": lambda: w8row(True),
     "half2 int4 GEMV (gate/up, 32 rows)": lambda: half2(False),
     "half2 int4 GEMV with SiLU-and-mul (gate/up, 32 rows)": lambda: half2(True),
     "half2 int4 GEMV (o, 64 rows, 8 warps, split 8)": lambda: half2(False, 64, 8, 8),
     "half2 int4 GEMV with the norm tail (o, 64 rows, 8 warps, split 8)": lambda: half2(False, 64, 8, 8, True),
-    # `PAIRS_BY_WORD`: x's pairs loaded straight in the products' layout, no barrier in the loop
-    "half2 int4 GEMV, pairs by word (gate/up, 32 rows)": lambda: half2(False, by_word=True),
-    "half2 int4 GEMV, pairs by word (o, 64 rows, 8 warps, split 8)": lambda: half2(
-        False, 64, 8, 8, by_word=True
-    ),
     "tiles int4 reshape (64 rows)": lambda: tiles(64, False),
     "tiles int4 nibble-pair dots (32 rows)": lambda: tiles(32, True),
     "tiles int4 nibble-pair dots (16 rows)": lambda: tiles(16, True),

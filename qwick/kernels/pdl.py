@@ -7,8 +7,8 @@ the next layer's input norm in and the QKV GEMV lets decode attention in, each o
 their loops, and both launch early and wait at their start (+2.0-2.2% at batch 1 on H100s, 38th session).
 The 8-bit modes run the same chain with every one-row GEMV on activation codes launched early, its first
 weight tile loaded before it waits (`W8A8LinearMethod.pdl_norm`: +6.0-6.2% on an H100, 39th session).
-The int4 MLP chain after o (`pdl_mlp`, `pdl_down`) can launch early too but stays off: +1.8% on an H200,
--7% on an H100.
+The int4 MLP chain after o launches early too (`pdl_mlp`, `pdl_down`; on since the 47th session: +2.5-2.7%
+at batch 1 on an H100, after losing 7-11% on H100s in the 38th and 41st).
 
 While such a kernel runs, the rest of the GPU and its memory idle. Its successor, launched with
 `launch_pdl=True`, may start as soon as every program of the kernel before has called `pdl_trigger`. Its

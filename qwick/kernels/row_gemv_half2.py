@@ -38,9 +38,11 @@ holds at most two, `preload_fits`: the 7b QKV and o projections) before they wai
 `trigger` it lets the next kernel in once each of its programs is past its loop, with only the epilogues,
 the split-K sums and a norm tail left. In the engine the QKV and o GEMVs preload after the one-program
 RMSNorm and decode attention (+2.1% and +1.8% at batch-1 int4 on an H100 in the 36th and 37th sessions),
-and the QKV and down GEMVs trigger (`PackedLinearMethod.pdl_norm`: +2.0-2.2% on H100s, 38th). The MLP
-chain (`PackedLinearMethod.pdl_mlp`, off) lost 5-6% on an H100 with triggers at the launch's start, and
-with them after the loops gained 1.8% on an H200 but lost 7% on an H100.
+and the QKV and down GEMVs trigger (`PackedLinearMethod.pdl_norm`: +2.0-2.2% on H100s, 38th). In the MLP
+chain (`PackedLinearMethod.pdl_mlp` and `pdl_down`) o lets gate/up in and gate/up lets down in: with
+triggers at the launch's start it lost 5-6% on an H100 (37th); with them after the loops it gained 1.8%
+on an H200 and lost 7-11% on H100s (38th, 41st), then gained 2.5-2.7% on an H100 on top of the later
+defaults (47th, on since).
 
 Under Triton's interpreter, which runs no PTX, the kernel computes the same products in fp32 (`EMULATE`).
 """
@@ -70,15 +72,6 @@ from qwick.quantization.formats.layout import QuantizedWeight
 X_DIV = 64.0
 _X_DIV = tl.constexpr(X_DIV)
 TILE_WORDS = 32  # 256 codes of a row per tile
-# The activations' pairs loaded a word at a time ([C, 4] tiles of 32 int32, `_word_pairs`), not as one
-# [C, 4, 4] tile: Triton spreads the one tile over the program's threads and then hands every thread its
-# column's 16 pairs through shared memory, two `bar.sync` and four `ld.shared.v4` each tile, which hold
-# every warp of the program in step; the [C, 4] tiles it loads straight in the layout the products read
-# (each thread of a column loading the column's pairs, from L1). The same products, bit for bit. sm_90
-# PTX (Triton 3.6, `benchmarks/ptx_counts.py half2`): the gate/up loop's barriers 2 -> 0, SASS `BAR` 4 ->
-# 1, registers 54 -> 48 (o: `BAR` 12 -> 3; down: 12 -> 3, 128 -> 104 registers). Written in the 45th
-# session after its device time was spent: off until timed (`gpu_session.sh xbyword`).
-PAIRS_BY_WORD = False
 
 
 def _dot4_asm() -> str:
@@ -152,50 +145,24 @@ def _f16_bits(v):
 
 
 @triton.jit
-def _word_pairs(x_ptr, col, XPAIRS: tl.constexpr):
-    """The four f16x2 pairs [1, C] (shift 0..3) of the word at each quad's index `col` [C]: its four int32
-    loaded as one [C, 4] tile, which Triton loads in the layout the products read (every thread of a
-    column holding the column's pairs), not through shared memory (`PAIRS_BY_WORD`)."""
-    C: tl.constexpr = col.shape[0]
-    xs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + 4 * col[:, None] + tl.arange(0, 4)[None, :])
-    a0, a1, a2, a3 = split4(xs.reshape(C, 2, 2))
-    a0, a1, a2, a3 = _as_pairs(a0, a1, a2, a3, XPAIRS)
-    return a0[None, :], a1[None, :], a2[None, :], a3[None, :]
-
-
-@triton.jit
-def _as_pairs(a0, a1, a2, a3, XPAIRS: tl.constexpr):
-    """The f16x2 pairs of the four int32 a0..a3 of x (x0x1, x2x3, x4x5, x6x7): XPAIRS's conversion, or
-    a0..a3 as they are when x_ptr holds the `HalfPairs` operand (PAIRED, made by x's producer)."""
-    if XPAIRS != PAIRED:
-        a0, a1, a2, a3 = tl.inline_asm_elementwise(
-            XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
-        )
-    return a0, a1, a2, a3
-
-
-@triton.jit
-def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.constexpr, X_BY_WORD: tl.constexpr):
+def _tile_dot_half2(words, x_ptr, cols, z, XPAIRS: tl.constexpr, DOT4: tl.constexpr):
     """[BLOCK_N, C] sums of 32 products (q - z) * x / X_DIV, four words of a row (a quad) per element.
     words [BLOCK_N, 4 * C], cols [C, 4] their word indices, z [BLOCK_N, C] the zero points; x_ptr the
-    16-bit activations, which XPAIRS turns into the f16x2 pairs (x_p, x_{p+4}) / X_DIV of each word;
-    X_BY_WORD (`PAIRS_BY_WORD`): x loaded a word at a time."""
+    16-bit activations, which XPAIRS turns into the f16x2 pairs (x_p, x_{p+4}) / X_DIV of each word."""
     C: tl.constexpr = cols.shape[0]
-    if X_BY_WORD:
-        c0, c1, c2, c3 = split4(cols.reshape(C, 2, 2))  # [C]: word 0..3 of each quad
-        x00, x01, x02, x03 = _word_pairs(x_ptr, c0, XPAIRS)  # x{word}{shift}
-        x10, x11, x12, x13 = _word_pairs(x_ptr, c1, XPAIRS)
-        x20, x21, x22, x23 = _word_pairs(x_ptr, c2, XPAIRS)
-        x30, x31, x32, x33 = _word_pairs(x_ptr, c3, XPAIRS)
+    xw = x_ptr.to(tl.pointer_type(tl.int32)) + 4 * cols  # two activations per int32, four int32 per word
+    xs = tl.load(xw[:, :, None] + tl.arange(0, 4)[None, None, :])  # [C, word, 4]
+    a0, a1, a2, a3 = split4(xs.reshape(C, 4, 2, 2))  # [C, word]: x0x1, x2x3, x4x5, x6x7 (or the pairs)
+    if XPAIRS == PAIRED:  # x_ptr holds the `HalfPairs` operand: the words' pairs, made by x's producer
+        d0, d1, d2, d3 = a0, a1, a2, a3
     else:
-        xw = x_ptr.to(tl.pointer_type(tl.int32)) + 4 * cols  # two activations per int32, four per word
-        xs = tl.load(xw[:, :, None] + tl.arange(0, 4)[None, None, :])  # [C, word, 4]
-        a0, a1, a2, a3 = split4(xs.reshape(C, 4, 2, 2))  # [C, word]: x0x1, x2x3, x4x5, x6x7 (or the pairs)
-        d0, d1, d2, d3 = _as_pairs(a0, a1, a2, a3, XPAIRS)  # [C, word] per shift
-        x00, x10, x20, x30 = _words_pairs(d0)  # x{word}{shift}
-        x01, x11, x21, x31 = _words_pairs(d1)
-        x02, x12, x22, x32 = _words_pairs(d2)
-        x03, x13, x23, x33 = _words_pairs(d3)
+        d0, d1, d2, d3 = tl.inline_asm_elementwise(
+            XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, a1, a2, a3], dtype=(tl.int32,) * 4, is_pure=True, pack=1
+        )  # [C, word] per shift
+    x00, x10, x20, x30 = _words_pairs(d0)  # x{word}{shift}
+    x01, x11, x21, x31 = _words_pairs(d1)
+    x02, x12, x22, x32 = _words_pairs(d2)
+    x03, x13, x23, x33 = _words_pairs(d3)
     BLOCK_N: tl.constexpr = words.shape[0]
     w0, w1, w2, w3 = split4(words.reshape(BLOCK_N, C, 2, 2))
     zh = _f16_bits(z + 1024.0)
@@ -234,23 +201,13 @@ def _tile_dot_emulated(words, x_ptr, cols, z, IS_PAIRED: tl.constexpr):
 
 
 @triton.jit
-def _tile_part(
-    words,
-    x_ptr,
-    j,
-    quad,
-    z,
-    XPAIRS: tl.constexpr,
-    DOT4: tl.constexpr,
-    EMULATE: tl.constexpr,
-    X_BY_WORD: tl.constexpr,
-):
+def _tile_part(words, x_ptr, j, quad, z, XPAIRS: tl.constexpr, DOT4: tl.constexpr, EMULATE: tl.constexpr):
     """[BLOCK_N, C] unscaled sums of the tile at word j: `_tile_dot_half2`, or its emulation."""
     cols = j + quad[:, None] + tl.arange(0, 4)[None, :]  # [C, 4]: the words of each quad
     if EMULATE:
         part = _tile_dot_emulated(words, x_ptr, cols, z, XPAIRS == PAIRED)
     else:
-        part = _tile_dot_half2(words, x_ptr, cols, z, XPAIRS, DOT4, X_BY_WORD)
+        part = _tile_dot_half2(words, x_ptr, cols, z, XPAIRS, DOT4)
     return part
 
 
@@ -312,15 +269,13 @@ def _w4_half2_kernel(
     PRELOAD_ALL: tl.constexpr,
     TRIGGER: tl.constexpr,
     TRIGGER_START: tl.constexpr,
-    X_BY_WORD: tl.constexpr = False,
 ):
     """y[0, n] = sum_k (q[n, k] - z[n, g]) * s[n, g] * x[0, k] (+ b[n]); tiles of BLOCK_W words of
     BLOCK_N rows, handled a quad of words (32 codes, inside one group) at a time. KW is a multiple of
     BLOCK_W, so only rows are masked (and the loads stay 16 bytes wide). GATED: y [1, N / 2] is
     silu(gate) * up of a [gate | up] weight instead (`_gated_epilogue`; one split), and with OUT_PAIRS
     also its `HalfPairs` at p_ptr. NORM_TAIL: then the residual add + RMSNorm of y (`rms_norm_tail`:
-    res_ptr updated, the normalized row to nout_ptr and with OUT_PAIRS its `HalfPairs` to p_ptr).
-    X_BY_WORD (`PAIRS_BY_WORD`): x's pairs loaded a word at a time, the same products."""
+    res_ptr updated, the normalized row to nout_ptr and with OUT_PAIRS its `HalfPairs` to p_ptr)."""
     if TRIGGER_START and not EMULATE:  # (TRIGGER at the program's start: `w4_half2_gemv`)
         pdl_trigger()
     C: tl.constexpr = BLOCK_W // 4
@@ -346,11 +301,11 @@ def _w4_half2_kernel(
             words_b = tl.load(q_rows + (jb + rw)[None, :], mask=n_ok[:, None], other=0)
             s_b, z_b = _tile_scales(s_rows, z_rows, jb, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
             s_b = tl.where(j + BLOCK_W < j_end, s_b, 0.0)
-            acc += s_a * _tile_part(words_a, x_ptr, j, quad, z_a, XPAIRS, DOT4, EMULATE, X_BY_WORD)
+            acc += s_a * _tile_part(words_a, x_ptr, j, quad, z_a, XPAIRS, DOT4, EMULATE)
             ja = tl.minimum(j + 2 * BLOCK_W, last)
             words_a = tl.load(q_rows + (ja + rw)[None, :], mask=n_ok[:, None], other=0)
             s_a, z_a = _tile_scales(s_rows, z_rows, ja, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
-            acc += s_b * _tile_part(words_b, x_ptr, jb, quad, z_b, XPAIRS, DOT4, EMULATE, X_BY_WORD)
+            acc += s_b * _tile_part(words_b, x_ptr, jb, quad, z_b, XPAIRS, DOT4, EMULATE)
     else:
         j_loop = j_start
         if PRELOAD:
@@ -369,8 +324,8 @@ def _w4_half2_kernel(
             s_b, z_b = _tile_scales(s_rows, z_rows, jb, ok_b, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
             if not EMULATE:
                 pdl_wait()
-            acc += s_a * _tile_part(words_a, x_ptr, ja, quad, z_a, XPAIRS, DOT4, EMULATE, X_BY_WORD)
-            acc += s_b * _tile_part(words_b, x_ptr, jb, quad, z_b, XPAIRS, DOT4, EMULATE, X_BY_WORD)
+            acc += s_a * _tile_part(words_a, x_ptr, ja, quad, z_a, XPAIRS, DOT4, EMULATE)
+            acc += s_b * _tile_part(words_b, x_ptr, jb, quad, z_b, XPAIRS, DOT4, EMULATE)
             j_loop = j_start + 2 * BLOCK_W
         if not PRELOAD_ALL:
             # PRELOAD_ALL (`preload_fits`: no split holds more than the two preloaded tiles) emits no loop:
@@ -378,7 +333,7 @@ def _w4_half2_kernel(
             for j in tl.range(j_loop, j_end, BLOCK_W):
                 words = tl.load(q_rows + (j + rw)[None, :], mask=n_ok[:, None], other=0)
                 s, z = _tile_scales(s_rows, z_rows, j, n_ok, quad, ZERO_POINT, ZERO_MODE, GROUP_W, BLOCK_W)
-                acc += s * _tile_part(words, x_ptr, j, quad, z, XPAIRS, DOT4, EMULATE, X_BY_WORD)
+                acc += s * _tile_part(words, x_ptr, j, quad, z, XPAIRS, DOT4, EMULATE)
     if TRIGGER and not TRIGGER_START and not EMULATE:  # the next kernel may launch once every program is
         pdl_trigger()  # past its loop
     acc *= _X_DIV
@@ -630,7 +585,6 @@ def _launch(
         XPAIRS=xpairs,
         DOT4=DOT4_ASM,
         EMULATE=EMULATE,
-        X_BY_WORD=PAIRS_BY_WORD,
         PREFETCH=cfg.prefetch,
         GATED=gated,
         OUT_PAIRS=out_pairs is not None,

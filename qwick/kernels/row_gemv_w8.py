@@ -26,24 +26,6 @@ from qwick.kernels.pdl import pdl_supported, pdl_wait
 from qwick.kernels.row_gemv import RowGemvConfig, _check_workspace, _row_epilogue
 
 CODE_DTYPES = (torch.float8_e4m3fn, torch.int8)
-# x read as a [BLOCK_N, BLOCK_K] tile of repeated rows (each thread loading the columns of its codes, from
-# L1), not as one [BLOCK_K] row: Triton spread the row over the program's threads and handed each thread
-# its columns through shared memory, `stmatrix`, two `bar.sync` and two `ld.shared.v4` a tile, holding the
-# program's warps in step. sm_90 PTX (Triton 3.6) at the 7b o launch (16 x 256 fp8 tiles, split 4, early
-# launch): no barrier left in the loop, SASS `BAR` 9 -> 3 (the epilogue's), registers 70 -> 64. The same
-# products, bit for bit. Written in the 45th session after its device time was spent: off until timed
-# (`gpu_session.sh xrows`).
-X_AS_ROWS = False
-
-
-@triton.jit
-def _x_tile(x_ptr, k, rk, rn, X_ROWS: tl.constexpr):
-    """x[k:k + BLOCK_K] in fp32, as [1, BLOCK_K], or with X_ROWS as [BLOCK_N, BLOCK_K] (`X_AS_ROWS`)."""
-    if X_ROWS:
-        x = tl.load(x_ptr + k + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
-    else:
-        x = tl.load(x_ptr + k + rk).to(tl.float32)[None, :]
-    return x
 
 
 @triton.jit
@@ -65,13 +47,11 @@ def _w8_row_kernel(
     BLOCK_K: tl.constexpr,
     PRELOAD: tl.constexpr,
     SCALES_FIRST: tl.constexpr = False,
-    X_ROWS: tl.constexpr = False,
 ):
     """y[0, n] = s[n] * sum_k w[n, k] * x[0, k] (+ b[n]); K is a multiple of BLOCK_K, so only rows are
     masked. PRELOAD (launched early, `qwick.kernels.pdl`; not with PREFETCH): the split's first two tiles
     are loaded before `pdl_wait`, the loop does the rest, in the same order. SCALES_FIRST
-    (`qwick.kernels.gemv.SCALES_FIRST`): s is read with the first tiles, not past the loop. X_ROWS
-    (`X_AS_ROWS`): x is read as a tile of repeated rows."""
+    (`qwick.kernels.gemv.SCALES_FIRST`): s is read with the first tiles, not past the loop."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -93,22 +73,22 @@ def _w8_row_kernel(
     if PRELOAD:
         if not _EMULATE:
             pdl_wait()
-        x0 = _x_tile(x_ptr, tl.minimum(k_start, K - BLOCK_K), rk, rn, X_ROWS)
-        acc += w0.to(tl.float32) * x0
-        x1 = _x_tile(x_ptr, tl.minimum(k_start + BLOCK_K, K - BLOCK_K), rk, rn, X_ROWS)
-        acc += w1.to(tl.float32) * x1
+        x0 = tl.load(x_ptr + tl.minimum(k_start, K - BLOCK_K) + rk).to(tl.float32)
+        acc += w0.to(tl.float32) * x0[None, :]
+        x1 = tl.load(x_ptr + tl.minimum(k_start + BLOCK_K, K - BLOCK_K) + rk).to(tl.float32)
+        acc += w1.to(tl.float32) * x1[None, :]
         k_loop = k_start + 2 * BLOCK_K
     if PREFETCH:  # the next tile's load is issued before this tile's arithmetic: twice the bytes in flight
         first = k_start + rk
         w = tl.load(w_rows + first[None, :], mask=n_ok[:, None] & (first < k_end)[None, :], other=0.0)
     for k in range(k_loop, k_end, BLOCK_K):
-        x = _x_tile(x_ptr, k, rk, rn, X_ROWS)
+        x = tl.load(x_ptr + k + rk).to(tl.float32)
         if PREFETCH:
             nxt = k + BLOCK_K + rk
             w_next = tl.load(w_rows + nxt[None, :], mask=n_ok[:, None] & (nxt < k_end)[None, :], other=0.0)
         else:
             w = tl.load(w_rows + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
-        acc += w.to(tl.float32) * x
+        acc += w.to(tl.float32) * x[None, :]
         if PREFETCH:
             w = w_next
     if SCALES_FIRST:
@@ -182,7 +162,6 @@ def w8_row_gemv(
         BLOCK_K=cfg.block_k,
         PRELOAD=preload,
         SCALES_FIRST=gemv_module.SCALES_FIRST,  # read at the call: the A/B patches the module
-        X_ROWS=X_AS_ROWS,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if preload and pdl_supported(x.device) else {}),

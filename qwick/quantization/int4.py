@@ -141,20 +141,18 @@ class PackedLinearMethod(LinearMethod):
     pdl_preload = True
     # Batch 1 as an early-launched chain, on GPUs that have programmatic dependent launch: a GEMV lets the
     # next kernel in once its programs are past their loops, and that kernel loads its first weight tiles
-    # (GEMVs) or nothing (norm, attention) before it waits. `pdl_norm` (on): down lets the next layer's
-    # input norm in, which lets QKV in, and QKV lets decode attention in, which lets o in
-    # (`lets_next_in`). `pdl_mlp` (off): o lets the gate/up GEMV in (two tiles preloaded); `pdl_down`
-    # (off): gate/up lets down in (one tile). 7b shapes, batch 1, decode tok/s, round-robin in one call
-    # each (38th session): on an H100, 472.7 and 473.9 with `pdl_norm` against 462.5 and 463.7 without
-    # (+2.2%), and 430.4 and 430.3 with `pdl_mlp` and `pdl_down` (-7%); on an H200, 554.9 and 556.0 with
-    # all three against 529.6 and 530.5 without (+4.9%), 539.4 and 539.3 with `pdl_mlp` and `pdl_down`
-    # (+1.8%). The MLP chain stays off for the H100's loss (its trigger at the launch's start lost 5-6%
-    # there in the 37th session), likely as gate/up's waiting programs and preloads take SM slots and
-    # bandwidth o still needs; whether it adds to `pdl_norm` on an H200 is not timed. With the 40th
-    # session's defaults (`pdl_norm`, decode attention's early reads) it lost 10.9% on an H100 in the 41st:
-    # 433.9 and 435.0 against 487.5 and 486.7, alternating in one call.
-    pdl_mlp = False
-    pdl_down = False
+    # (GEMVs) or nothing (norm, attention) before it waits. `pdl_norm`: down lets the next layer's input
+    # norm in, which lets QKV in, and QKV lets decode attention in, which lets o in (`lets_next_in`).
+    # `pdl_mlp`: o lets the gate/up GEMV in (two tiles preloaded); `pdl_down`: gate/up lets down in (one
+    # tile). All three on. 7b shapes, batch 1, decode tok/s, round-robin in one call each: on an H100 in
+    # the 38th session, 472.7 and 473.9 with `pdl_norm` against 462.5 and 463.7 without (+2.2%); on an
+    # H200, 554.9 and 556.0 with all three against 529.6 and 530.5 without (+4.9%). The MLP chain lost on
+    # H100s in the 38th (-7%) and the 41st (-10.9%; likely as gate/up's waiting programs took SM slots o
+    # still needed) and was off until the 47th, which measured it on top of the 42nd-45th sessions'
+    # defaults on an H100: 500.7, 500.8 and 503.4 against 488.1, 487.6, 487.8 and 487.6 (+2.7%), then as the
+    # default 500.4 and 500.9 against 488.6 and 488.8 (+2.5%), alternating.
+    pdl_mlp = True
+    pdl_down = True
     pdl_norm = True
     # The QKV GEMV lets decode attention in at its start, not past its loop, so that the attention's reads
     # before its wait (`triton_backend.DECODE_PRELOAD`) overlap the whole projection

@@ -65,35 +65,6 @@ def test_row_gemv_matches_float64(qdtype, bias, n, k):
             assert torch.equal(w8_row_gemv(x, codes, scale, b, ws, cfg, preload=True), y), cfg
 
 
-@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
-@pytest.mark.parametrize("n,k", SHAPES)
-def test_x_read_as_rows_gives_the_same_bits(qdtype, n, k, monkeypatch):
-    """`X_AS_ROWS`: x read as a tile of repeated rows (each thread loading its codes' columns) instead of
-    one row: bit for bit the outputs of one row, at every launch shape above, plain and launched early."""
-    import qwick.kernels.row_gemv_w8 as R
-
-    dev = triton_device()
-    ws = gemv_workspace(dev)
-    gen = torch.Generator().manual_seed(n * k)
-    codes, scale = quantize_weight_per_channel(torch.randn(n, k, generator=gen) / k**0.5, qdtype)
-    x = torch.randn(1, k, generator=gen).to(X_DTYPE).to(dev)
-    b = torch.randn(n, generator=gen).to(X_DTYPE).to(dev)
-    codes, scale = codes.to(dev), scale.to(dev)
-    runs: list[list[torch.Tensor]] = []
-    for rows in (False, True):
-        monkeypatch.setattr(R, "X_AS_ROWS", rows)
-        runs.append(
-            [
-                R.w8_row_gemv(x, codes, scale, b, ws, cfg, preload=p)
-                for cfg in _configs(n, k, ws)
-                for p in (False, True)
-            ]
-        )
-    for new, old in zip(*runs, strict=True):
-        assert torch.equal(new, old)
-    assert int(ws.counters.abs().sum()) == 0
-
-
 def test_row_gemv_rejects_what_it_cannot_take():
     from qwick.kernels.row_gemv_w8 import w8_row_gemv
 

@@ -399,7 +399,7 @@ def test_pdl_preload_gives_the_same_tokens(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_pdl_chain_gives_the_same_tokens(tmp_path, monkeypatch):
-    """`pdl_mlp`, `pdl_down` and `pdl_norm` off, then on (`pdl_norm` alone is the default): o lets gate/up
+    """`pdl_mlp`, `pdl_down` and `pdl_norm` off, then on (the default): o lets gate/up
     in, gate/up lets down in, down lets the next layer's input norm in, QKV lets decode attention in, each
     GEMV once its programs are past their loops, each successor loading its first tiles (the norm and
     attention nothing) before it waits; the same greedy tokens as without (CUDA graphs on), and the
@@ -483,7 +483,7 @@ def test_pdl_roles_at_7b_shapes(monkeypatch):
     """`PackedLinearMethod._pdl` on a device with PDL: with the chain's switches off the QKV and o projections
     (at most two tiles a split) preload and nothing triggers; gate/up and down launch as before. `pdl_mlp`
     makes o trigger and gate/up preload; `pdl_down` makes gate/up trigger and down preload; `pdl_norm` makes
-    QKV and down trigger (`pdl_norm` alone is on by default). A launch shape other than the default's is
+    QKV and down trigger (all three are on by default). A launch shape other than the default's is
     judged as it is. Never without PDL."""
     from types import SimpleNamespace
 
@@ -515,9 +515,9 @@ def test_pdl_roles_at_7b_shapes(monkeypatch):
     assert roles() == [(True, False), (True, True), (True, True), (True, False)]
     monkeypatch.setattr(RtnInt4LinearMethod, "pdl_norm", True)  # QKV and down let the next kernel in
     assert roles() == [(True, True)] * 4
-    monkeypatch.undo()  # the defaults: `pdl_norm` and `pdl_qkv_start`
+    monkeypatch.undo()  # the defaults: the whole chain and `pdl_qkv_start`
     monkeypatch.setattr(pdl, "pdl_supported", lambda device: True)
-    assert roles() == [(True, True), (True, False), (False, False), (False, True)]
+    assert roles() == [(True, True)] * 4
     assert method.lets_next_in
     # `pdl_qkv_start`: the QKV projection, before attention, lets it in at its start; down never
     before_attention, other = (
