@@ -389,6 +389,8 @@ def test_pdl_preload_gives_the_same_tokens(tmp_path, monkeypatch):
         return real(x, weight, *args, preload=preload, **kwargs)
 
     monkeypatch.setattr(h, "_launch", spy)
+    for switch in ("pdl_mlp", "pdl_down"):  # the MLP chain off: only QKV and o may preload
+        monkeypatch.setattr(RtnInt4LinearMethod, switch, False)
     off, on = _decode_with_and_without(tmp_path, monkeypatch, "pdl_preload")
     assert off.token_ids == on.token_ids
     hidden = QUANTIZABLE_DIMS["hidden_size"]
@@ -399,10 +401,10 @@ def test_pdl_preload_gives_the_same_tokens(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_pdl_chain_gives_the_same_tokens(tmp_path, monkeypatch):
-    """`pdl_mlp`, `pdl_down` and `pdl_norm` off, then on (the default): o lets gate/up
-    in, gate/up lets down in, down lets the next layer's input norm in, QKV lets decode attention in, each
-    GEMV once its programs are past their loops, each successor loading its first tiles (the norm and
-    attention nothing) before it waits; the same greedy tokens as without (CUDA graphs on), and the
+    """`pdl_mlp`, `pdl_down` and `pdl_norm` off, then on (the default): o lets gate/up in, gate/up lets
+    down in, down lets the next layer's input norm in, QKV lets decode attention in, each GEMV once its
+    programs are past their loops, each successor loading its first tiles (the norm and attention nothing)
+    before it waits; the same greedy tokens as without (CUDA graphs on), and the
     launches were early ones. The down projection keeps its norm out of its launch here (as at 7b shapes,
     where `normed_half2_config` has no launch for it), so the next layer's input norm runs apart."""
     from qwick.kernels import elementwise
