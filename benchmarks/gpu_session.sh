@@ -979,8 +979,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     # both on since the 47th session; down lets the next layer's input norm in and QKV decode attention
     # (`pdl_norm`, on), each GEMV once its programs are past their loops: int4 batch 1 with none (every
     # switch off), QWICK_PDL=0 (off), norm, mlp (`pdl_mlp` alone), both (the MLP chain) and all (the
-    # default), round-robin
-    # (VARIANTS), then the tests
+    # default), round-robin (VARIANTS), then the tests
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4"
     for i in ${REPS_LIST:-1 2}; do
       for v in ${VARIANTS:-none off norm both all}; do
