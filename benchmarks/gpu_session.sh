@@ -76,6 +76,7 @@
 #   bash benchmarks/gpu_session.sh targets   # issue 7's batch-1 table in one short call (bf16, fp8, int8,
 #                                            # int4), then int4 with its MLP chain (`pdl_mlp`, `pdl_down`)
 #                                            # and without, alternating: for an H200
+#   bash benchmarks/gpu_session.sh b1modes   # that table alone (four runs, ~2.5 minutes)
 #   bash benchmarks/gpu_session.sh w8chain   # the W8A8 GEMVs of one decode row launched early, the norms
 #                                            # and attention after them too (`W8A8LinearMethod.pdl_norm`,
 #                                            # on since the 39th session): tests, fp8 and int8 batch 1 with
@@ -215,13 +216,16 @@ case "${1:-}" in
       | tail -15
     python -m pytest -q -p no:cacheprovider tests/entrypoints/test_llm_structured.py 2>&1 | tail -3
     ;;
-  targets)  # issue 7's batch-1 decode table (bf16, fp8, int8, int4), then int4 with its MLP chain and
-    # without (`int4mlp`)
+  targets)  # issue 7's batch-1 decode table (`b1modes`), then int4 with its MLP chain and without
+    # (`int4mlp`)
+    bash "$0" b1modes
+    bash "$0" int4mlp
+    ;;
+  b1modes)  # issue 7's batch-1 decode table: bf16, fp8, int8 and int4, one run each
     run bf16 $LAT --shape qwen2.5-7b $SHORT --output-json "$OUT/lat_bf16.json"
     for q in fp8 int8 int4; do
       run "$q" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" --output-json "$OUT/lat_$q.json"
     done
-    bash "$0" int4mlp
     ;;
   int4mlp)  # int4's MLP chain (`pdl_mlp` and `pdl_down`: on since the 47th session, +2.5-2.7% on an H100)
     # against the defaults without it, alternating (REPS_LIST)
@@ -1042,8 +1046,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
     # (`benchmarks/gemv_ncu.py`, with the W8A8 launches decode runs); the full text in $OUT/ncu.txt
     ncu --clock-control none --profile-from-start off --set full python benchmarks/gemv_ncu.py \
       /tmp/gemv_ncu_kernels >"$OUT/ncu.txt" 2>&1
-    grep -E "rel err|^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per Thread|Theoretical Occupancy|Achieved Occupancy|Waves Per SM" \
-      "$OUT/ncu.txt" | head -200
+    grep -E "rel err|^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Cycles Per Issued|spends" \
+      "$OUT/ncu.txt" | cut -c1-220 | head -300
     ;;
   scales)  # the 8-bit GEMVs reading their scales before the wait or the loop (`gemv.SCALES_FIRST`, off: on an
     # H100 in the 43rd session fp8 the same, int8 -0.6%): the W8A8 kernel tests, then fp8 and int8 batch 1
