@@ -14,6 +14,10 @@ first; writes JSON to argv[1].
 
 CONFIGS="bn,bk,split,warps,stages;..." times those launch shapes after the default instead of a sample.
 ROWS="16 32" and WARPS="4" narrow the sampled space's rows per tile and warps; SAMPLE=0 times all of it.
+ROW_PAD=P stores the rows P codes further apart than K (each weight a slice of a wider one), to see
+whether the row stride changes how DRAM serves the tiles: it does not (48th session, BENCHMARKS.md).
+DOWN_ROW_SCALE=1 gives down's activation codes one scale per row instead of one per 512 columns: the
+same time (48th session).
 """
 
 import functools
@@ -35,13 +39,14 @@ FP8 = torch.float8_e4m3fn
 LAYERS = {
     "qkv": (4608, 3584, "codes"),
     "o": (3584, 3584, "bf16"),
-    "down": (3584, 18944, "group512"),
+    "down": (3584, 18944, "codes" if os.environ.get("DOWN_ROW_SCALE") == "1" else "group512"),
     "head": (151936, 3584, "bf16"),
     "gate_up": (37888, 3584, "codes"),
 }
 SAMPLE = int(os.environ.get("SAMPLE", "30"))
 INT8 = os.environ.get("WEIGHT") == "int8"
 WEIGHT = torch.int8 if INT8 else FP8
+PAD = int(os.environ.get("ROW_PAD", "0"))  # codes between one row's end and the next row's start
 L2_BYTES = 120 << 20  # the copies of a weight cycled through: over twice the L2
 
 
@@ -67,9 +72,11 @@ def main() -> None:
         n, k, form = LAYERS[name]
         copies = max(1, -(-L2_BYTES // (n * k)))
         if INT8:
-            weights = [torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8) for _ in range(copies)]
+            shape = (n, k + PAD)
+            weights = [torch.randint(-127, 128, shape, device=dev, dtype=torch.int8) for _ in range(copies)]
         else:
-            weights = [(torch.randn(n, k, device=dev) * 0.02).to(FP8) for _ in range(copies)]
+            weights = [(torch.randn(n, k + PAD, device=dev) * 0.02).to(FP8) for _ in range(copies)]
+        weights = [w[:, :k] for w in weights]  # rows PAD codes apart beyond K (env ROW_PAD)
         wscale = torch.rand(n, device=dev) * 1e-3 + 1e-3
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         if form == "bf16":
