@@ -2,8 +2,9 @@
 
 Launches, at M = 1 and the qwen2.5-7b gate/up and down shapes, the skinny GEMM on bf16 weights (the good
 case, ~3.9 TB/s), on fp8 and int8 codes (W8A16, ~2.6 TB/s; and W8A8 as batch-1 decode runs it, down with
-one activation scale per 512 columns) and the int4 row GEMV (~1.4 TB/s), plus cuBLAS on the bf16 layer and
-a plain copy; only the launches between `profiler.start()` and `stop()` are profiled.
+one activation scale per 512 columns), the int4 fp32 row GEMV (~1.4 TB/s) and the f16x2 one decode runs
+(`row_gemv_half2`, ungated), plus cuBLAS on the bf16 layer and a plain copy; only the launches between
+`profiler.start()` and `stop()` are profiled.
 Run under ncu on the GPU machine (Firecracker kinds read the counters; leave the clocks alone):
 
     ncu --clock-control none --profile-from-start off --set full python benchmarks/gemv_ncu.py OUTDIR
@@ -22,6 +23,7 @@ from qwick.kernels import gemv as gemv_mod  # noqa: E402
 from qwick.kernels import row_gemv as row_mod  # noqa: E402
 from qwick.kernels.gemv import GemvWorkspace, gemv  # noqa: E402
 from qwick.kernels.row_gemv import w4_row_gemv  # noqa: E402
+from qwick.kernels.row_gemv_half2 import _w4_half2_kernel, half_pairs, w4_half2_gemv  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.w8a8 import W8A8LinearMethod as W8A8  # noqa: E402
 from qwick.quantization.w8a8 import (  # noqa: E402
@@ -63,7 +65,11 @@ def launches() -> list[tuple[str, object]]:
             out.append((f"{label} W8A8", lambda q=xq, c=codes, kw=kw: gemv(q, c, None, ws, **kw)))
         qw = rtn.quantize(w, bits=4, group_size=128)
         out.append((f"{name} row_gemv int4", lambda x=x, q=qw: w4_row_gemv(x, q, None, ws)))
-        for label, fn in out[-7:]:
+        # the f16x2 kernel batch-1 decode runs (its default launch, x's pairs as the producer writes them;
+        # decode's gate/up is its gated variant, SiLU-and-mul in the epilogue)
+        p = half_pairs(x)
+        out.append((f"{name} half2 int4", lambda x=x, q=qw, p=p: w4_half2_gemv(x, q, None, ws, pairs=p)))
+        for label, fn in out[-8:]:
             err = ((fn().double() - ref).norm() / ref.norm()).item()
             print(f"{label}: rel err {err:.2e}", flush=True)
     return out
@@ -72,7 +78,7 @@ def launches() -> list[tuple[str, object]]:
 def dump_kernels() -> None:
     """The compiled variants of our GEMV kernels: TTGIR, PTX and cubin, one file each."""
     os.makedirs(OUT, exist_ok=True)
-    for fn in (gemv_mod._gemv_kernel, row_mod._w4_row_kernel):
+    for fn in (gemv_mod._gemv_kernel, row_mod._w4_row_kernel, _w4_half2_kernel):
         for i, cache in enumerate(fn.device_caches.values()):
             kernels = cache[0] if isinstance(cache, tuple) else cache
             for j, kernel in enumerate(kernels.values()):
