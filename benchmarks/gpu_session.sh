@@ -54,6 +54,8 @@
 #   bash benchmarks/gpu_session.sh gemvncu   # (alone in its call: the report must come back) the batch-1
 #                                            # GEMVs under Nsight Compute (W8A8 down against
 #                                            # gate/up: why down streams slower)
+#   bash benchmarks/gpu_session.sh half2sass # the f16x2 int4 GEMV's stalls per SASS instruction (ncu)
+#   bash benchmarks/gpu_session.sh widetiles # the f16x2 int4 GEMV in 64-word tiles against 32
 #   bash benchmarks/gpu_session.sh scales    # the 8-bit GEMVs reading their scales before the wait or
 #                                            # the loop (`SCALES_FIRST`, off: -0.6% for int8 on an
 #                                            # H100): tests, fp8 / int8 batch 1 without it and with it
@@ -1049,6 +1051,20 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
     grep -E "rel err|^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Cycles Per Issued|spends" \
       "$OUT/ncu.txt" | cut -c1-220 | head -300
     ;;
+  half2sass)  # where the f16x2 int4 GEMV's warps stall, per SASS instruction (49th session: 42% on the code
+    # words' loads, 34% at the two bar.sync a tile of the activation pairs' exchange through shared memory):
+    # the gate/up launch of `benchmarks/gemv_ncu.py` under Nsight Compute, its source page summed by
+    # `benchmarks/ncu_sass_stalls.py`; the CSV in $OUT
+    ncu --clock-control none --profile-from-start off --set full --import-source yes \
+      -k regex:_w4_half2_kernel --launch-count 1 -o /tmp/h2 python benchmarks/gemv_ncu.py /tmp/gemv_ncu_kernels \
+      >"$OUT/half2sass.log" 2>&1
+    ncu -i /tmp/h2.ncu-rep --page source --print-source sass --csv >"$OUT/h2_sass.csv" 2>&1
+    python benchmarks/ncu_sass_stalls.py "$OUT/h2_sass.csv" 12 | head -20
+    ;;
+  widetiles)  # the f16x2 int4 GEMV in 64-word tiles beside the default 32 (`benchmarks/int4_wide_tiles.py`,
+    # CUDA graphs over L2-overflowing copies): one bar.sync pair a program per 1,024 code bytes, not 512
+    python benchmarks/int4_wide_tiles.py "$OUT/int4_wide_tiles.json" 2>&1 | grep -v Warning
+    ;;
   scales)  # the 8-bit GEMVs reading their scales before the wait or the loop (`gemv.SCALES_FIRST`, off: on an
     # H100 in the 43rd session fp8 the same, int8 -0.6%): the W8A8 kernel tests, then fp8 and int8 batch 1
     # with the default order and with it, alternating (REPS_LIST)
@@ -1139,7 +1155,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

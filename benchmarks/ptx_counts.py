@@ -161,16 +161,19 @@ def tiles(block_m: int, nibble: bool, half: bool = False):
     return compile_ptx(_w4_tiles_kernel, sig, const, div, 4, 3)
 
 
-def half2(gated: bool, block_n: int = 32, warps: int = 4, split: int = 1, norm: bool = False):
+def half2(
+    gated: bool, block_n: int = 32, warps: int = 4, split: int = 1, norm: bool = False, block_w: int = 32
+):
     """The batch-1 int4 f16x2 GEMV, reading the producer's pairs: by default at the 7b gate/up launch shape
     (32 x 32 words, one split); `gated`: with SiLU-and-mul and the down projection's pairs in its
-    epilogue; `norm`: with the residual add + RMSNorm (and pairs) in its tail, as the o projection runs it."""
+    epilogue; `norm`: with the residual add + RMSNorm (and pairs) in its tail, as the o projection runs it;
+    `block_w`: words a tile (`benchmarks/int4_wide_tiles.py`)."""
     sig = {"x_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16"}
     sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
     sig |= {n: "i32" for n in ("N", "KW", "stride_qn", "stride_sn")} | {"p_ptr": "*i32"}
     sig |= {"res_ptr": "*bf16", "nw_ptr": "*bf16", "nout_ptr": "*bf16", "tail_ptr": "*i32", "eps": "fp32"}
     const = dict(ZERO_POINT=0, ZERO_MODE=1, HAS_BIAS=False, SPLIT_K=split, GROUP_W=16, BLOCK_N=block_n)
-    const |= dict(BLOCK_W=32, XPAIRS=PAIRED.value, DOT4=DOT4_ASM, EMULATE=False, PREFETCH=False)
+    const |= dict(BLOCK_W=block_w, XPAIRS=PAIRED.value, DOT4=DOT4_ASM, EMULATE=False, PREFETCH=False)
     const |= dict(GATED=gated, OUT_PAIRS=gated or norm, OUT_INV_DIV=1 / 64, NORM_TAIL=norm)
     const |= dict(NORM_BLOCK=4096 if norm else 1)
     div = [n for n in sig if n.endswith("_ptr") or n in ("N", "KW") or n.startswith("stride")]
@@ -208,6 +211,9 @@ VARIANTS = {
     "w8 row GEMV fp8 (o, 16 x 256, split 4)": lambda: w8row(),
     "half2 int4 GEMV (gate/up, 32 rows)": lambda: half2(False),
     "half2 int4 GEMV with SiLU-and-mul (gate/up, 32 rows)": lambda: half2(True),
+    "half2 int4 GEMV (gate/up, 32 rows, 64-word tiles)": lambda: half2(False, block_w=64),
+    "half2 int4 GEMV (gate/up, 16 rows, 64-word tiles)": lambda: half2(False, 16, block_w=64),
+    "half2 int4 GEMV with SiLU-and-mul (gate/up, 32 rows, 64-word tiles)": lambda: half2(True, block_w=64),
     "half2 int4 GEMV (o, 64 rows, 8 warps, split 8)": lambda: half2(False, 64, 8, 8),
     "half2 int4 GEMV with the norm tail (o, 64 rows, 8 warps, split 8)": lambda: half2(False, 64, 8, 8, True),
     "tiles int4 reshape (64 rows)": lambda: tiles(64, False),
