@@ -73,15 +73,20 @@ def profile_one_launch_each() -> None:
         torch.cuda.profiler.stop()
 
 
+def workspace(dev: torch.device) -> GemvWorkspace:
+    """The split-K scratch; on the CPU (the interpreter's smoke test) one made without CUDA's device query."""
+    if CUDA:
+        return GemvWorkspace(dev, max_elems=1 << 24)
+    ws = GemvWorkspace.__new__(GemvWorkspace)
+    ws.partials, ws.num_sms = torch.empty(1 << 20), 4
+    ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
+    ws.configs = {}
+    return ws
+
+
 def main() -> None:
     dev = torch.device("cuda" if CUDA else "cpu")
-    if CUDA:
-        ws = GemvWorkspace(dev, max_elems=1 << 24)
-    else:  # the interpreter's smoke test: a workspace without CUDA's device query
-        ws = GemvWorkspace.__new__(GemvWorkspace)
-        ws.partials, ws.num_sms = torch.empty(1 << 20), 4
-        ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
-        ws.configs = {}
+    ws = workspace(dev)
     report = {}
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5

@@ -4,6 +4,8 @@ the gate/up launch (BENCHMARKS.md) put a third of its stalls at the two `bar.syn
 activation pairs are handed out through shared memory, and another 42% on the code words' loads; a tile
 twice as wide pays that exchange once per 1,024 code bytes a program instead of 512, with twice the
 bytes in flight a thread. (The sweep of `benchmarks/int4_half2_sweep.py` stopped at 32 words.)
+Result on an H100 (49th session): 64-word tiles lose at every shape (gate/up 28.0 us at best against
+26.8, down 20.3 against 16.0): 96 registers at 32 rows, so fewer programs resident; 32 words stay.
 
 Each candidate is checked against float64, then timed as decode runs it: CUDA-graph replays over weight
 copies that together overflow the L2, reading the `HalfPairs` operand the producer writes. Env SHAPES
@@ -17,10 +19,11 @@ import sys
 from dataclasses import replace
 
 import torch
-import triton
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.gemv import GemvWorkspace  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from int4_half2_sweep import graph_us, workspace  # noqa: E402  (beside this script)
+
 from qwick.kernels.row_gemv_half2 import default_half2_config, half_pairs, w4_half2_gemv  # noqa: E402
 from qwick.quantization.formats import rtn  # noqa: E402
 from qwick.quantization.formats.layout import dequantize  # noqa: E402
@@ -54,22 +57,9 @@ def candidates(n: int, kw: int, num_sms: int) -> list[tuple[str, object]]:
     return out
 
 
-def graph_us(calls, n: int) -> float:
-    calls()  # compile outside the capture
-    if not CUDA:
-        return float("nan")
-    return triton.testing.do_bench_cudagraph(calls, rep=40, return_mode="median") * 1e3 / n
-
-
 def main() -> None:
     dev = torch.device("cuda" if CUDA else "cpu")
-    if CUDA:
-        ws = GemvWorkspace(dev, max_elems=1 << 24)
-    else:  # the interpreter's smoke test: a workspace without CUDA's device query
-        ws = GemvWorkspace.__new__(GemvWorkspace)
-        ws.partials, ws.num_sms = torch.empty(1 << 20), 4
-        ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
-        ws.configs = {}
+    ws = workspace(dev)
     report = {}
     for name, (n, k) in SHAPES.items():
         qw = rtn.quantize(torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5, group_size=128)
