@@ -1130,18 +1130,18 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         $SHORT --quantization $q
     done
     ;;
-  tile4warps)  # the lone row's 256-key tile on 4 warps instead of 8 (`DECODE_PRELOAD_TILE`): at 8 warps its
-    # 236 registers a thread (sm_90, Triton 3.6) take 60K of an SM's 64K, so the early-launched attention
-    # finds no room on an SM that still runs the int4 QKV GEMV's programs (9 an SM, 54 registers each);
-    # at 4 warps 32K. Its GPU tests with the patch, then int4 and fp8 batch 1 with the default and with
-    # it, alternating (REPS_LIST)
+  tilewarps)  # the lone row's 256-key tile on TILE_WARPS (default 16) warps instead of 8
+    # (`DECODE_PRELOAD_TILE`; sm_90, Triton 3.6: 236 registers a thread at 8 warps, 60K of an SM's 64K, so
+    # the early-launched attention finds no room on an SM still running the int4 QKV GEMV's 9 programs;
+    # 255 at 4 warps, -7.4% int4 in the 49th session; 128 and no spills at 16): its GPU tests with the
+    # patch, then int4 and fp8 batch 1 with the default and with it, alternating (REPS_LIST)
     W4="import sys; from qwick.layers.attention import triton_backend as T
-T.DECODE_PRELOAD_TILE = {'BLOCK_N': 256, 'num_warps': 4, 'num_stages': 1}"
+T.DECODE_PRELOAD_TILE = {'BLOCK_N': 256, 'num_warps': ${TILE_WARPS:-16}, 'num_stages': 1}"
     python -c "$W4
 import pytest; sys.exit(pytest.main(['-q', '-m', 'gpu', '-p', 'no:cacheprovider', 'tests/layers/test_triton_attention.py',
   '-k', 'preload or lone_row or writes_the_new_keys']))" 2>&1 | tail -2
     for q in int4 fp8; do
-      alternate "b1_${q}_tile8w" "b1_${q}_tile4w" "$W4
+      alternate "b1_${q}_tile8w" "b1_${q}_tile${TILE_WARPS:-16}w" "$W4
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench latency --num-iters 3 \
         --shape qwen2.5-7b $SHORT --quantization $q
     done
@@ -1171,7 +1171,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tile4warps|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

@@ -201,6 +201,9 @@ VARIANTS = {
     "decode bf16, a lone row reading early, the new key apart (256 keys, 4 warps)": lambda: decode(
         False, 256, 4, 1, True, True, True
     ),
+    "decode bf16, a lone row reading early, the new key apart (256 keys, 16 warps)": lambda: decode(
+        False, 256, 16, 1, True, True, True
+    ),
     "extend bf16 (128 x 128, 2 stages)": lambda: extend(False, 2),
     "extend fp8 (128 x 128, 2 stages)": lambda: extend(True, 2),
     "extend bf16 with spare tiles (a graph's)": lambda: extend(False, 2, spare=True),
