@@ -65,6 +65,9 @@ class RingConfig:
     split_k: int = 1
     programs_per_sm: int = 2
     warps: int = 4  # consumer warps
+    # ptxas's register cap (Triton's `maxnreg`): without one the consumer warps take 255 registers a thread
+    # and one program fills an SM (49th session); 128 lets two in
+    max_registers: int | None = None
 
 
 @gluon.jit
@@ -293,7 +296,7 @@ class RingGemv:
             self.desc, pt, self.qw.scales, self.qw.zeros, y, self.n, self.qw.scales.stride(0), self.n_items,
             self.n_kt, self.kw // 4, SPLIT=cfg.split_k, STAGES=cfg.stages, WARPS=cfg.warps,
             GROUP_W=self.qw.group_size // 8, NKT_PAD=triton.next_power_of_2(self.kw // cfg.block_w),
-            num_warps=cfg.warps,
+            num_warps=cfg.warps, **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
         )  # fmt: skip
         return y
 
@@ -306,11 +309,13 @@ def candidates(n: int, kw: int, num_sms: int) -> list[RingConfig]:
     stages = [int(v) for v in os.environ.get("STAGES", "4 8").split()]
     progs = [int(v) for v in os.environ.get("PROGS", "1 2").split()]
     warps = [int(v) for v in os.environ.get("WARPS", "4 8").split()]
+    caps = [int(v) or None for v in os.environ.get("MAXNREG", "0").split()]  # 0: no cap
     splits = sorted({split, max(1, split // 2)}) if os.environ.get("HALF_SPLITS") else [split]
     out = []
-    for bn, st, pp, w, sk in itertools.product(bns, stages, progs, warps, splits):
+    for bn, st, pp, w, sk, cap in itertools.product(bns, stages, progs, warps, splits, caps):
         if kw % (32 * sk) == 0:
-            out.append(RingConfig(block_n=bn, stages=st, split_k=sk, programs_per_sm=pp, warps=w))
+            cfg = RingConfig(block_n=bn, stages=st, split_k=sk, programs_per_sm=pp, warps=w)
+            out.append(replace(cfg, max_registers=cap))
     return out
 
 
@@ -320,7 +325,7 @@ def offline() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    for cfg in (RingConfig(), RingConfig(block_n=64), RingConfig(split_k=8)):
+    for cfg in (RingConfig(), RingConfig(64), RingConfig(split_k=8), RingConfig(64, max_registers=128)):
         layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_w], gl.int32)
         sig = {"w_desc": f"tensordesc<i32[{cfg.block_n}, {cfg.block_w}],{layout!r}>", "pt_ptr": "*i32"}
         sig |= {"s_ptr": "*fp16", "z_ptr": "*u8", "y_ptr": "*bf16" if cfg.split_k == 1 else "*fp32"}
@@ -329,7 +334,8 @@ def offline() -> None:
         src = GluonASTSource(
             fn=_ring_kernel, signature=sig | {k: "constexpr" for k in const}, constexprs=const
         )
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.warps))
+        opts = dict(num_warps=cfg.warps) | ({"maxnreg": cfg.max_registers} if cfg.max_registers else {})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
         n_sass, ops = sass_counts(k)
         top = ", ".join(
             f"{op} {ops[op]}" for op in ("LDS", "LDG", "BAR", "SYNCS", "UTMALDG", "LOP3", "HFMA2")
@@ -379,7 +385,7 @@ def main() -> None:
             label = (
                 f"ring {cfg.block_n}x{cfg.block_w} st{cfg.stages} split{cfg.split_k} {cfg.programs_per_sm}/SM"
             )
-            label += f" {cfg.warps}w"
+            label += f" {cfg.warps}w" + (f" <={cfg.max_registers} regs" if cfg.max_registers else "")
             rows.append({"candidate": label, "us": t, "tb_s": qw.nbytes / t / 1e6, "err": err})
             print(f"{name:8s} {label:44s} {t:7.2f} us {qw.nbytes / t / 1e6:5.2f} TB/s", flush=True)
         report[name] = rows
