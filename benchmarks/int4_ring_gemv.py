@@ -23,16 +23,16 @@ Scales and zero points (per row and group) are loaded from global memory one til
 checked against float64, then timed as decode runs it: CUDA-graph replays over weight copies that together
 overflow the L2 (the harness of `benchmarks/int4_half2_sweep.py`), beside the f16x2 kernel's default.
 
-Result on an H100 (49th session, gate/up 37888 x 3584, three calls, us): it loses. The f16x2 default
-26.7-26.8; the ring's best 30.5 (32 x 32-word tiles, 4 stages, 3 programs an SM, 4 consumer warps, at
-most 80 registers a thread). Without a cap the consumer warps take 255 registers (the worker warp is
+Result on an H100 (49th session, gate/up 37888 x 3584, four calls, us): it loses. The f16x2 default
+26.7-26.8; the ring's best 30.5, twice (32 x 32-word tiles, 4 stages, 3 programs an SM, 4 consumer warps,
+at most 80 registers a thread). Without a cap the consumer warps take 255 registers (the worker warp is
 padded to a warpgroup), one program fills an SM, and the best was 35.4 (64-row tiles). More programs an
-SM help (2: 33.6, 3: 30.5), more consumer warps a program do not (8: 35.4-48.0), and 4-6 programs at 56-72
-registers were 33.0-43.7. So the consumers' decode is what limits it, with far fewer warps an SM (12)
-than the f16x2 kernel keeps (36); the code bytes arriving by TMA are not the problem. Every timed launch
-matched float64 within 4e-3. Not pursued further this session: the next steps would be fewer
-instructions a tile in the consumers (the two barriers and 16 `ldmatrix` of the pairs per tile) and
-the scales through the ring too.
+SM help (2: 33.6, 3: 30.5); more consumer warps a program do not (8: 34.8-60.1), nor 16-row tiles
+(33.7-60.1), and 4-6 programs at 56-72 registers gave 33.0-43.7. So the consumers limit it: each tile
+carries a wait, two barriers, an arrive and 16 `ldmatrix` of the pairs for a few dot products a thread,
+with 12 consumer warps an SM against the f16x2 kernel's 36. The code bytes arriving by TMA are not the
+problem. Every timed launch matched float64 within 4e-3. Next steps, not taken: more work a tile per
+synchronization, and the scales through the ring too.
 
     python benchmarks/int4_ring_gemv.py out.json   # env SHAPES, BNS, STAGES, PROGS (a grid of PROGS x SMs
                                                     # programs), WARPS (consumer warps), HALF_SPLITS=1
