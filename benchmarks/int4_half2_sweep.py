@@ -84,19 +84,23 @@ def workspace(dev: torch.device) -> GemvWorkspace:
     return ws
 
 
+def layer_inputs(n: int, k: int, dev: torch.device):
+    """A random [n, k] layer in RTN int4 (groups of 128), a bf16 input row, their float64 product, and
+    copies of the codes that together overflow the L2 (one on the CPU)."""
+    qw = rtn.quantize(torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5, group_size=128)
+    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    ref = x.double() @ dequantize(qw).double().T
+    n_copies = max(1, -(-L2_OVERFLOW // qw.nbytes)) if CUDA else 1
+    return qw, x, ref, [replace(qw, qweight=qw.qweight.clone()) for _ in range(n_copies)]
+
+
 def main() -> None:
     dev = torch.device("cuda" if CUDA else "cpu")
     ws = workspace(dev)
     report = {}
     for name, (n, k) in SHAPES.items():
-        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
-        qw = rtn.quantize(w, group_size=128)
-        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
-        ref = x.double() @ dequantize(qw).double().T
+        qw, x, ref, copies = layer_inputs(n, k, dev)
         nbytes = qw.nbytes
-        copies = [replace(qw, qweight=qw.qweight.clone()) for _ in range(max(1, -(-L2_OVERFLOW // nbytes)))]
-        if not CUDA:
-            copies = copies[:1]
         kw = k // 8
         cands = [("fp32 row GEMV, default", None)]
         base = default_half2_config(n, kw, ws.num_sms)

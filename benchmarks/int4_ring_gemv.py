@@ -55,11 +55,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from int4_half2_sweep import L2_OVERFLOW, graph_us, workspace  # noqa: E402  (beside this script)
+from int4_half2_sweep import graph_us, layer_inputs, workspace  # noqa: E402  (beside this script)
 
 from qwick.kernels.row_gemv_half2 import DOT4_ASM, X_DIV, default_half2_config, half_pairs, w4_half2_gemv  # noqa: E402
-from qwick.quantization.formats import rtn  # noqa: E402
-from qwick.quantization.formats.layout import dequantize  # noqa: E402
 
 ALL_SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 SHAPES = {s: ALL_SHAPES[s] for s in os.environ.get("SHAPES", " ".join(ALL_SHAPES)).split()}
@@ -359,12 +357,7 @@ def main() -> None:
     ws = workspace(dev)
     report = {}
     for name, (n, k) in SHAPES.items():
-        qw = rtn.quantize(torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5, group_size=128)
-        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
-        ref = x.double() @ dequantize(qw).double().T
-        copies = [
-            replace(qw, qweight=qw.qweight.clone()) for _ in range(max(1, -(-L2_OVERFLOW // qw.nbytes)))
-        ]
+        qw, x, ref, copies = layer_inputs(n, k, dev)
         pairs = half_pairs(x)
         pt = pairs_transposed(pairs)
         base = default_half2_config(n, k // 8, ws.num_sms)
