@@ -32,7 +32,9 @@ SM help (2: 33.6, 3: 30.5); more consumer warps a program do not (8: 34.8-60.1),
 carries a wait, two barriers, an arrive and 16 `ldmatrix` of the pairs for a few dot products a thread,
 with 12 consumer warps an SM against the f16x2 kernel's 36. The code bytes arriving by TMA are not the
 problem. Every timed launch matched float64 within 4e-3. Next steps, not taken: more work a tile per
-synchronization, and the scales through the ring too.
+synchronization, and the scales through the ring too. (Offline, sm_90 PTX with Triton 3.6: releasing the
+slot after the products instead of after its load still leaves two `bar.sync` a tile, since one comes
+before each `mbarrier.wait`; not timed, not kept.)
 
     python benchmarks/int4_ring_gemv.py out.json   # env SHAPES, BNS, STAGES, PROGS (a grid of PROGS x SMs
                                                     # programs), WARPS (consumer warps), HALF_SPLITS=1
