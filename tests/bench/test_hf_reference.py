@@ -1,6 +1,3 @@
-import json
-import math
-
 import torch
 
 from qwick.bench.hf_reference import TokenClock, latency, load_transformers
@@ -22,7 +19,6 @@ def test_transformers_latency_gives_positive_times_from_one_generate(tiny_qwen2_
     model = load_transformers(tiny_qwen2_dir, torch.float32)
     request = BenchRequest(prompt_token_ids=list(range(3, 13)), max_tokens=5)
     result = latency(model, request)
-    assert result["ttft_ms"] > 0 and result["decode_step_ms"] > 0
-    assert math.isclose(result["decode_tokens_per_s"], 1000 / result["decode_step_ms"])
-    assert result["total_s"] * 1000 >= result["ttft_ms"]
-    json.dumps(result)  # a plain report
+    assert result["ttft_ms"] > 0 and result["decode_step_ms"] > 0 and result["decode_tokens_per_s"] > 0
+    # the first token and the four steps after it all lie inside the one timed run
+    assert result["ttft_ms"] + result["decode_step_ms"] <= result["total_s"] * 1000
