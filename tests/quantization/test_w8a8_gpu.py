@@ -227,3 +227,42 @@ def test_attention_preload_chain_changes_nothing(mode, tmp_path, monkeypatch):
     _same_logits_with_switches(
         mode, tmp_path, monkeypatch, switch, lambda kw: kw.get("trigger_at_start", False), "decode_preload"
     )
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+def test_fused_mlp_row_stays_close_and_leaves_its_accumulator_zero(mode, tmp_path, monkeypatch):
+    """`W8A8LinearMethod.fused_mlp_row` off, then on, on a bf16 model whose MLP the one-launch kernel tiles
+    (hidden 256, intermediate 512), CUDA graphs on: the decode rows take the fused MLP only when it is on;
+    the prompt's logits (several rows: three launches either way) are the same bits, and the first decode
+    step's within 5% of the three launches' (h's codes per 128 channels instead of per token; later steps
+    may follow other tokens, as these tiny random models flip greedy picks on rounding); every layer's
+    sums were read and zeroed by the norm after (the accumulator is zero at the end); a second run with it
+    gives the same logits bit for bit (fixed-point sums: the atomics' order does not matter)."""
+    from qwick.kernels import mlp_row
+    from qwick.kernels.gemv import shared_workspace
+    from qwick.quantization.w8a8 import W8A8LinearMethod
+
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without a GPU")
+    make_tiny_model("qwen2", str(tmp_path), hidden_size=256, intermediate_size=512)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    calls = []
+    real = mlp_row.mlp_row_w8
+    monkeypatch.setattr(mlp_row, "mlp_row_w8", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    logits = []
+    for on in (False, True, True):
+        monkeypatch.setattr(W8A8LinearMethod, "fused_mlp_row", on)
+        llm = LLM(
+            str(tmp_path), dtype="bfloat16", quantization=mode, num_gpu_blocks_override=64, max_model_len=128
+        )
+        recorder = LogitsRecorder(llm)
+        out = llm.generate([list(range(3, 23))], params, use_tqdm=False)[0]
+        logits.append(torch.stack(recorder.by_request[out.request_id]).float())
+        del llm
+        assert bool(calls) is on and all(shape == (1, 256) for shape in calls)
+        calls.clear()
+    assert torch.equal(logits[1], logits[2])
+    assert not shared_workspace(torch.device("cuda")).sums[256].any()
+    assert torch.equal(logits[0][0], logits[1][0])
+    err = ((logits[1][1] - logits[0][1]).norm() / logits[0][1].norm()).item()
+    assert err < 0.05, err
