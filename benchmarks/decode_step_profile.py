@@ -1,10 +1,8 @@
 """Where a batch-1 decode step's time goes at a real shape: graph replay, logits, sampler, host.
 
-Env: QUANT=fp8|int8|int4 (weights), DECODE_W8A8=0 (8-bit decode as W8A16), FUSED_MLP=1 (the 8-bit MLP
-of a decode row in `qwick.kernels.mlp_row`'s one launch, off by default; 0 keeps the three launches),
-BATCHES=8,16,64 (step times at larger batches; empty skips them), GEMV_TABLE (a JSON of launch shapes),
-OUT (a Chrome trace, then per launch shape its mean time and what it adds to the step:
-`benchmarks/critical_path.py`)."""
+Env: QUANT=fp8|int8|int4 (weights), DECODE_W8A8=0 (8-bit decode as W8A16), BATCHES=8,16,64 (step times
+at larger batches; empty skips them), GEMV_TABLE (a JSON of launch shapes), OUT (a Chrome trace, then
+per launch shape its mean time and what it adds to the step: `benchmarks/critical_path.py`)."""
 
 import cProfile
 import io
@@ -43,10 +41,6 @@ if os.environ.get("DECODE_W8A8") == "0":  # fp8 / int8 decode as W8A16 everywher
     from qwick.quantization.w8a8 import W8A8LinearMethod
 
     W8A8LinearMethod.decode_w8a8 = False
-if os.environ.get("FUSED_MLP") in ("0", "1"):
-    from qwick.quantization.w8a8 import W8A8LinearMethod
-
-    W8A8LinearMethod.fused_mlp_row = os.environ["FUSED_MLP"] == "1"
 llm = LLM(
     model_dir_for_shape(shape),
     load_format="dummy",

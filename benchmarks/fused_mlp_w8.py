@@ -1,5 +1,7 @@
-"""A batch-1 W8A8 MLP in one launch, against the engine's three: the prototype of `qwick.kernels.mlp_row`
-(which sums in int64 fixed point where this sums in fp32, and reads down as it is with h's codes).
+"""A batch-1 W8A8 MLP in one launch, against the engine's three. Its engine version (`qwick.kernels.mlp_row`
+in commit a2a8c98: down read as it is, h's codes, sums in int64 fixed point so that every run gives the
+same bits) lost 2.2% (fp8) and 3.1% (int8) at batch 1 on an H100 and was removed (BENCHMARKS.md, 50th
+session); with this script's fp32 atomics it had gained 0.1-1.4%.
 
 Today one decode row's 8-bit MLP is the gate/up GEMV on the norm's activation codes, SiLU-and-mul writing
 the down projection's codes (one scale per 512 columns), and the down GEMV, each launched early

@@ -56,10 +56,8 @@
 #                                            # gate/up: why down streams slower)
 #   bash benchmarks/gpu_session.sh half2sass # the f16x2 int4 GEMV's stalls per SASS instruction (ncu)
 #   bash benchmarks/gpu_session.sh widetiles # the f16x2 int4 GEMV in 64-word tiles against 32
-#   bash benchmarks/gpu_session.sh fusedmlp  # one decode row's W8A8 MLP in one launch (`fused_mlp_row`,
-#                                            # off): its GPU tests, fp8 / int8 batch 1 without and with;
-#                                            # fusedprof: each kernel's share of the step, both ways;
-#                                            # fusedsweep: the one-launch MLP's launch shapes alone
+#   bash benchmarks/gpu_session.sh fusedsweep # one decode row's W8A8 MLP in one launch (the prototype,
+#                                            # benchmarks/fused_mlp_w8.py) against the three launches
 #   bash benchmarks/gpu_session.sh scales    # the 8-bit GEMVs reading their scales before the wait or
 #                                            # the loop (`SCALES_FIRST`, off: -0.6% for int8 on an
 #                                            # H100): tests, fp8 / int8 batch 1 without it and with it
@@ -1087,31 +1085,9 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         $SHORT --quantization $q
     done
     ;;
-  fusedmlp)  # one decode row's W8A8 MLP in one launch (`W8A8LinearMethod.fused_mlp_row`, off: -3.1% int8,
-    # -2.2% fp8 on an H100 in the 50th session; `qwick.kernels.mlp_row`): its GPU tests and the W8A8 model
-    # tests, then fp8 and int8 batch 1 without it and with it, alternating (REPS_LIST)
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_mlp_row.py tests/kernels/test_pdl.py \
-      tests/kernels/test_elementwise.py tests/quantization/test_w8a8_gpu.py 2>&1 | tail -4
-    ON="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as M; M.fused_mlp_row = True
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    for q in fp8 int8; do
-      alternate "b1_${q}_three_launches" "b1_${q}_fused_mlp" "$ON" bench latency --num-iters 3 \
-        --shape qwen2.5-7b $SHORT --quantization $q
-    done
-    ;;
-  fusedprof)  # where an fp8 / int8 batch-1 step goes with the one-launch MLP and with the three launches:
-    # per launch shape, what each kernel adds to the step (`benchmarks/critical_path.py`)
-    for q in ${QS:-fp8 int8}; do
-      for f in 1 0; do
-        FUSED_MLP=$f QUANT=$q BATCHES= OUT=$OUT timeout 200 python benchmarks/decode_step_profile.py \
-          >"$OUT/prof_${q}_fused$f.log" 2>&1
-        echo "== $q fused_mlp=$f"
-        grep -E "median|replay" "$OUT/prof_${q}_fused$f.log" | head -4
-        sed -n '/what each launch adds/,$p' "$OUT/prof_${q}_fused$f.log" | head -14
-      done
-    done
-    ;;
-  fusedsweep)  # the fused MLP's launch shapes against the three launches (`benchmarks/fused_mlp_w8.py`)
+  fusedsweep)  # the one-launch W8A8 MLP's launch shapes against the three launches
+    # (`benchmarks/fused_mlp_w8.py`; its engine version, in commit a2a8c98, lost 2.2-3.1% at batch 1 with
+    # deterministic sums and was removed)
     DOWN_TS=0 H_CODES=1 CS="64 128" BLOCK_KS="64 128" LAUNCHES="256,4,3 256,4,4 256,8,3 128,4,3" \
       run fusedsweep python benchmarks/fused_mlp_w8.py "$OUT/fused_mlp_w8.json"
     ;;
@@ -1209,7 +1185,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedmlp|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

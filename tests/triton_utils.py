@@ -33,5 +33,4 @@ def gemv_workspace(dev: torch.device):
     ws.counters = torch.zeros(1 << 12, dtype=torch.int32)
     ws.num_sms = 4
     ws.configs = {}
-    ws.sums = {}
     return ws

@@ -68,8 +68,6 @@ def _rms_norm_kernel(
     PDL_TRIGGER: tl.constexpr,
     PDL_WAIT: tl.constexpr,
     W_WITH_X: tl.constexpr,
-    X_CLEAR: tl.constexpr = False,
-    X_UNIT: tl.constexpr = 1.0,
 ):
     if PDL_TRIGGER:  # the next kernel may launch now (qwick.kernels.pdl: the QKV GEMV's weights)
         pdl_trigger()
@@ -95,10 +93,8 @@ def _rms_norm_kernel(
         PAIRS,
         INV_DIV,
         BLOCK,
-        ".cg" if X_CLEAR else "",  # the accumulator's sums are atomics, made in the L2
+        "",
         W_WITH_X,
-        X_CLEAR,
-        X_UNIT,
     )
 
 
@@ -124,22 +120,15 @@ def rms_norm_row(
     BLOCK: tl.constexpr,
     X_CACHE: tl.constexpr,
     W_WITH_X: tl.constexpr = True,
-    X_CLEAR: tl.constexpr = False,
-    X_UNIT: tl.constexpr = 1.0,
 ):
     """One row of `rms_norm` (the whole row in one block): x (+ residual, written back), normalized,
     times the weight, with its codes or `HalfPairs` if asked. X_CACHE: x's load cache modifier (".cg"
     where other programs of the same launch wrote x: `qwick.kernels.row_gemv_half2`'s norm tail).
     W_WITH_X (`NORM_WEIGHT_WITH_X`): the weight is read with x and the residual, else after the row's sum
-    (a load the compiler then keeps behind the reduction's barriers). X_CLEAR: x is an integer accumulator
-    in units of X_UNIT (`qwick.kernels.mlp_row`), rounded to the output's dtype as the layer's output would
-    be, and zeroed."""
+    (a load the compiler then keeps behind the reduction's barriers)."""
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(x_row + cols, mask=mask, other=0.0, cache_modifier=X_CACHE)
-    if X_CLEAR:
-        tl.store(x_row + cols, tl.zeros_like(x), mask=mask)
-        x = (x.to(tl.float32) * X_UNIT).to(out_row.dtype.element_ty)
     if HAS_RESIDUAL:
         r = tl.load(res_row + cols, mask=mask, other=0.0)
     if W_WITH_X:
@@ -266,7 +255,6 @@ def rms_norm(
     quant: RowQuant | None = None,
     num_warps: int | None = None,
     early: bool = False,
-    clear_x: bool = False,
 ) -> torch.Tensor | QuantizedRows:
     """`norm(x)`; with `residual`: `norm(x + residual)`, and `residual` is overwritten with `x + residual`.
     With `quant`, also the output's per-row codes and scales (`QuantizedRows`), in the same pass.
@@ -278,22 +266,17 @@ def rms_norm(
     with `quant`, `N / 128` up to 32 for at most 256 rows, where the row's two reductions are latency (at
     one 3584-wide row on the H200 2.8-3.0 us with 32 warps against 4.4-4.7 with 8, plain 1.45 us;
     benchmarks/decode_quant_kernels.py, in a CUDA graph), and `N / 256` up to 16 beyond.
-
-    `clear_x`: x is the int64 accumulator of a fused MLP (`qwick.kernels.mlp_row`, units of its
-    `SUM_UNIT`): read as the layer's output in residual's dtype, then zeroed for the next layer's sums.
     """
     rows, n = x.shape
-    if clear_x and (residual is None or x.dtype != torch.int64 or not x.is_contiguous()):
-        raise ValueError("clear_x reads a contiguous int64 accumulator beside a residual")
     half_pairs = quant if isinstance(quant, HalfPairs) else None
     quant = None if half_pairs is not None else quant
     if quant is not None and quant.group is not None:  # not written in this kernel: a launch of its own
         from qwick.kernels.w8a8 import quantize_rows
 
-        out = rms_norm(x, weight, eps, residual, num_warps=num_warps, early=early, clear_x=clear_x)
+        out = rms_norm(x, weight, eps, residual, num_warps=num_warps, early=early)
         codes, scales = quantize_rows(out, quant.dtype, quant.qmax, quant.min_amax, quant.group)
         return QuantizedRows(out, codes, scales, quant.group)
-    out = torch.empty((rows, n), dtype=residual.dtype if clear_x else x.dtype, device=x.device)
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     codes, scales, meta = _row_codes(out, quant)
     pairs, pair_meta = _pairs_buffer(out, half_pairs)
     if rows > 0:
@@ -321,8 +304,6 @@ def rms_norm(
             PDL_TRIGGER=pdl,
             PDL_WAIT=early and pdl,
             W_WITH_X=NORM_WEIGHT_WITH_X,
-            X_CLEAR=clear_x,
-            X_UNIT=_sum_unit() if clear_x else 1.0,
             num_warps=num_warps or _norm_warps(block, rows, quant is not None),
             **meta,
             **pair_meta,
@@ -331,12 +312,6 @@ def rms_norm(
     if half_pairs is not None:
         return PairedRows(out, pairs)
     return out if quant is None else QuantizedRows(out, codes, scales)
-
-
-def _sum_unit() -> float:
-    from qwick.kernels.mlp_row import SUM_UNIT  # beside its kernel, which imports this module's users
-
-    return SUM_UNIT
 
 
 def _pairs_buffer(out: torch.Tensor, half_pairs: HalfPairs | None) -> tuple[torch.Tensor, dict]:

@@ -412,7 +412,6 @@ class GemvWorkspace:
         self.counters = torch.zeros(max_tiles, dtype=torch.int32, device=device)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.configs: dict[tuple[int, int, int, int, bool], GemvConfig] = {}
-        self.sums: dict[int, torch.Tensor] = {}
 
     def fits(self, split_k: int, rows: int, n: int, tiles: int) -> bool:
         """Whether a launch with `split_k` splits can stage its partials here: `rows` partial rows of width
@@ -427,15 +426,6 @@ class GemvWorkspace:
         """The arrival counter of a launch's last-program tail (`qwick.kernels.elementwise.rms_norm_tail`):
         the last of `counters`, which no output tile's counter reaches (`fits`); reset by its user."""
         return self.counters[-1:]
-
-    def row_sums(self, n: int) -> torch.Tensor:
-        """The int64 [1, n] accumulator of one-row fused MLPs (`qwick.kernels.mlp_row`), zero whenever no
-        layer holds its sums (the RMSNorm after each reads and zeroes it). Made zeroed on first use: a
-        decode warm-up's, before any CUDA-graph capture."""
-        buf = self.sums.get(n)
-        if buf is None:
-            buf = self.sums[n] = torch.zeros((1, n), dtype=torch.int64, device=self.partials.device)
-        return buf
 
     def check(self, split_k: int, rows: int, n: int, tiles: int, what: object) -> None:
         """`fits`, or a ValueError naming the launch `what`."""

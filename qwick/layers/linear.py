@@ -60,20 +60,6 @@ class PairedRows:
 
 
 @dataclass
-class RowSum:
-    """A layer's one-row output left as sums in an accumulator that is zero between uses (the fused W8A8
-    MLP, `qwick.kernels.mlp_row`): the RMSNorm after it reads the sums as the layer's output in `dtype`
-    and zeroes them (`RMSNorm.forward`)."""
-
-    sums: torch.Tensor  # [1, N] int64, in units of `qwick.kernels.mlp_row.SUM_UNIT`
-    dtype: torch.dtype
-
-    def like(self) -> torch.Tensor:
-        """A tensor with the output's rows, dtype and device (what `input_quant` reads), not its values."""
-        return self.sums.new_empty(self.sums.shape, dtype=self.dtype)
-
-
-@dataclass
 class NormAfter:
     """The residual add and RMSNorm that follow a layer (`RMSNorm.forward(y, residual, quant)`), for a
     method whose kernel runs them at the end of its own launch (`LinearMethod.apply_normed`): `residual`
@@ -153,13 +139,6 @@ class LinearMethod:
         """silu(gate) * up of a [gate | up] layer's output in one launch with the matmul, with the codes or
         pairs `quant` asks for (the next layer's `input_quant`); None when this method has no such kernel
         for x, and the caller runs the matmul and SiLU-and-mul apart."""
-        return None
-
-    def apply_mlp_row(
-        self, gate_up: Linear, down: Linear, x: torch.Tensor | QuantizedRows | PairedRows
-    ) -> RowSum | None:
-        """down(silu(gate) * up) of one row in one launch (`gate_up` and `down` both this method's), or None
-        when this method has no such kernel for x, and the caller runs the MLP's launches apart."""
         return None
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

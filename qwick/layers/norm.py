@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant, RowSum
+from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
 
 NormOut = torch.Tensor | QuantizedRows | PairedRows
 
@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor | RowSum,
+        x: torch.Tensor,
         residual: torch.Tensor | None = None,
         quant: RowQuant | HalfPairs | None = None,
         early: bool = False,
@@ -38,15 +38,6 @@ class RMSNorm(nn.Module):
         (`LinearMethod.lets_next_in`), so a one-row norm with a residual launches early and waits at its
         start (`qwick.kernels.pdl`).
         """
-        if isinstance(x, RowSum):  # a fused MLP's sums (CUDA, one row): read, rounded and zeroed here
-            from qwick.kernels.elementwise import rms_norm
-
-            if residual is None:
-                raise ValueError("a layer's sums come with the residual stream")
-            out = rms_norm(
-                x.sums, self.weight, self.eps, residual=residual, quant=quant, early=early, clear_x=True
-            )
-            return out, residual
         if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
             from qwick.kernels.elementwise import rms_norm
 

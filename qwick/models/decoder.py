@@ -20,15 +20,7 @@ from transformers import PretrainedConfig
 from qwick.layers.activation import SiluAndMul
 from qwick.layers.attention.backend import OutputRows
 from qwick.layers.attention.layer import Attention
-from qwick.layers.linear import (
-    Linear,
-    LinearMethod,
-    NormAfter,
-    PairedRows,
-    QuantizedRows,
-    RowSum,
-    VocabEmbedding,
-)
+from qwick.layers.linear import Linear, LinearMethod, NormAfter, PairedRows, QuantizedRows, VocabEmbedding
 from qwick.layers.norm import RMSNorm
 from qwick.layers.rotary import RopeStep, RotaryEmbedding
 from qwick.quantization.base import QuantizationConfig
@@ -161,11 +153,6 @@ class DecoderMLP(nn.Module):
     def forward(self, x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
         return self.down_proj(self.activation(x))
 
-    def row_sum(self, x: torch.Tensor | QuantizedRows | PairedRows) -> RowSum | None:
-        """The whole MLP of one row in one launch, its output left as sums for the norm after, where the
-        method can (`LinearMethod.apply_mlp_row`); None otherwise."""
-        return self.gate_up_proj.method.apply_mlp_row(self.gate_up_proj, self.down_proj, x)
-
     def activation(
         self, x: torch.Tensor | QuantizedRows | PairedRows
     ) -> torch.Tensor | QuantizedRows | PairedRows:
@@ -178,11 +165,9 @@ class DecoderMLP(nn.Module):
         return act
 
 
-def _rows(x: torch.Tensor | QuantizedRows | PairedRows | RowSum) -> torch.Tensor:
-    """The values of an input that may carry its codes or pairs, or a stand-in with the rows, dtype and
-    device of sums not yet read (`input_quant` reads only those)."""
-    if isinstance(x, RowSum):
-        return x.like()
+def _rows(x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
+    """The values of an input that may carry its codes or pairs (`input_quant` reads their rows, dtype and
+    device)."""
     return x.x if isinstance(x, (QuantizedRows, PairedRows)) else x
 
 
@@ -203,13 +188,13 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         rope: RopeStep,
-        x: torch.Tensor | QuantizedRows | PairedRows | RowSum,
+        x: torch.Tensor | QuantizedRows | PairedRows,
         residual: torch.Tensor | None,
         output_rows: OutputRows | None = None,
         normed: bool = False,
         then: RMSNorm | None = None,
         then_input: Linear | None = None,
-    ) -> tuple[torch.Tensor | QuantizedRows | PairedRows | RowSum, torch.Tensor, bool]:
+    ) -> tuple[torch.Tensor | QuantizedRows | PairedRows, torch.Tensor, bool]:
         """One layer over the step's tokens; with `output_rows`, only those tokens leave it (all of them
         still fill the KV cache). Returns (out, residual, normed).
 
@@ -224,7 +209,7 @@ class DecoderLayer(nn.Module):
             residual = x
             h = self.input_layernorm(x, quant=self.self_attn.qkv_proj.input_quant(x))
         else:
-            quant = self.self_attn.qkv_proj.input_quant(_rows(x))
+            quant = self.self_attn.qkv_proj.input_quant(x)
             # after the layer before's down projection, quantized as this one's
             early = self.mlp.down_proj.method.lets_next_in
             h, residual = self.input_layernorm(x, residual, quant=quant, early=early)
@@ -238,9 +223,6 @@ class DecoderLayer(nn.Module):
         h = self.self_attn.o_proj.normed(a, NormAfter(post.weight, post.eps, residual, quant))
         if h is None:
             h, residual = post(self.self_attn.o_proj(a), residual, quant=quant)
-        out = self.mlp.row_sum(h)  # the MLP in one launch, its sums read by the norm after
-        if out is not None:
-            return out, residual, False
         act = self.mlp.activation(h)
         if then is not None:
             quant = then_input.input_quant(_rows(h)) if then_input is not None else None

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwick.layers.linear import Linear, LinearMethod, PairedRows, QuantizedRows, RowQuant, RowSum, linear
+from qwick.layers.linear import Linear, LinearMethod, QuantizedRows, RowQuant, linear
 from qwick.quantization.formats import cpu_int4
 
 logger = logging.getLogger(__name__)
@@ -177,13 +177,6 @@ class W8A8LinearMethod(LinearMethod):
     # before its wait (`triton_backend.DECODE_PRELOAD`) overlap the whole projection
     # (`Linear.precedes_attention`); figures beside `DECODE_PRELOAD` (40th session).
     pdl_qkv_start = True
-    # One decode row's MLP (per-token codes from the norm, per-channel scales, no biases) in one launch:
-    # gate/up, SiLU-and-mul and down, each program owning 128 intermediate channels and adding its share
-    # of the output to a fixed-point accumulator with atomics (`qwick.kernels.mlp_row`), instead of three
-    # launches, the down GEMV of which waits for the whole gate/up one. Off: on an H100 at qwen2.5-7b
-    # shapes, batch 1, it lost 3.1% (int8) and 2.2% (fp8); with fp32 atomics (nondeterministic bits) it
-    # gained 1.3-1.4% (int8) and 0.1-0.2% (fp8) (50th session, BENCHMARKS.md).
-    fused_mlp_row = False
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
@@ -432,54 +425,6 @@ class W8A8LinearMethod(LinearMethod):
         if x.group is not None and not self._skinny(x.x):  # group scales: only the skinny GEMM takes them
             return self.apply(layer, x.x)
         return self._apply_cuda(layer, x.x, (x.codes, x.scales), x.group)
-
-    def apply_mlp_row(
-        self, gate_up: Linear, down: Linear, x: torch.Tensor | QuantizedRows | PairedRows
-    ) -> RowSum | None:
-        if not self._mlp_row(gate_up, down, x):
-            return None
-        from qwick.kernels.mlp_row import mlp_row_w8
-
-        assert isinstance(x, QuantizedRows)
-        d = down.method
-        sums = self.workspace.row_sums(down.output_size)
-        mlp_row_w8(
-            x.codes,
-            x.scales,
-            gate_up.weight,
-            self.weight_scale(gate_up).reshape(-1),
-            down.weight,
-            d.weight_scale(down).reshape(-1),
-            sums,
-            x.x.dtype,
-            self.row_quant.qmax,
-            self.row_quant.min_amax,
-            preload=self.pdl_norm,
-        )
-        return RowSum(sums, x.x.dtype)
-
-    def _mlp_row(self, gate_up: Linear, down: Linear, x: torch.Tensor | QuantizedRows | PairedRows) -> bool:
-        """Whether `apply_mlp_row` takes x: one CUDA row with its per-token codes, both layers per-channel
-        W8A8 of this 8-bit type without biases, shapes the launch tiles (`mlp_row_fits`)."""
-        if not (self.fused_mlp_row and isinstance(x, QuantizedRows) and x.group is None):
-            return False
-        rows = x.x
-        if rows.device.type != "cuda" or rows.shape[0] != 1 or not self._skinny(rows) or not self.decode_w8a8:
-            return False
-        d = down.method
-        same = isinstance(d, W8A8LinearMethod) and d.qdtype == self.qdtype and d.block is None
-        if not (same and self.quantize_activations and d.quantize_activations):
-            return False
-        if x.codes.dtype != self.qdtype:
-            return False
-        halves = len(gate_up.output_sizes) == 2 and gate_up.output_sizes[0] == gate_up.output_sizes[1]
-        if not halves or gate_up.bias is not None or down.bias is not None:
-            return False
-        if gate_up.weight.dtype != self.qdtype or down.weight.dtype != self.qdtype:
-            return False
-        from qwick.kernels.mlp_row import mlp_row_fits
-
-        return mlp_row_fits(down.input_size, down.output_size, gate_up.input_size)
 
     def _scaled_mm_bf16(
         self, xq: torch.Tensor, xs: torch.Tensor, layer: Linear, k: int
