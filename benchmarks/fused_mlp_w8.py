@@ -39,11 +39,11 @@ import triton.language as tl
 
 sys.path.insert(0, os.getcwd())
 from qwick.bench.gpu_timing import graph_us  # noqa: E402
+from qwick.kernels.codes import codes_of  # noqa: E402
 from qwick.kernels.elementwise import rms_norm, silu_and_mul_quant  # noqa: E402
 from qwick.kernels.gemv import GemvWorkspace, gemv  # noqa: E402
 from qwick.kernels.pdl import pdl_trigger, pdl_wait  # noqa: E402
 from qwick.kernels.swiglu import silu_times  # noqa: E402
-from qwick.kernels.w8a8 import codes_of  # noqa: E402
 from qwick.layers.linear import RowQuant  # noqa: E402
 from qwick.quantization.w8a8 import _MIN_AMAX, _QMAX, FP8_DTYPE, quantize_weight_per_channel  # noqa: E402
 

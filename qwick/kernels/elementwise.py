@@ -23,10 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
+from qwick.kernels.codes import codes_of
 from qwick.kernels.half2 import _EMULATE
 from qwick.kernels.pdl import pdl_supported, pdl_trigger, pdl_wait
 from qwick.kernels.swiglu import silu_times
-from qwick.kernels.w8a8 import codes_of, inv_qmax
+from qwick.kernels.w8a8 import inv_qmax
 from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
 
 # RMSNorm reads its weight together with x and the residual, not after the row's sum of squares: sm_90 PTX

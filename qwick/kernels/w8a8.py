@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from qwick.kernels.codes import codes_of
 from qwick.kernels.gemv import GemvWorkspace, load_k_tiles, m_tile_split_k_epilogue
 
 
@@ -121,18 +122,6 @@ def block_scaled_mm(
         num_stages=3,
     )
     return y
-
-
-@triton.jit
-def codes_of(x, scale, QMAX: tl.constexpr, IS_INT: tl.constexpr):
-    """fp32 values -> their codes at `scale` (still fp32): IEEE division, round half to even for int8 (as
-    torch.round), saturated at +-QMAX. Shared by every kernel that quantizes activations."""
-    q = tl.math.div_rn(x, scale)
-    if IS_INT:
-        r = tl.floor(q + 0.5)
-        tie_to_odd = ((r - q) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) != 0.0)
-        q = tl.where(tie_to_odd, r - 1.0, r)
-    return tl.minimum(tl.maximum(q, -QMAX), QMAX)
 
 
 @triton.jit

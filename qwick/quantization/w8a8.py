@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwick.layers.linear import Linear, LinearMethod, QuantizedRows, RowQuant, linear
+from qwick.layers.linear import AbsmaxRows, Linear, LinearMethod, QuantizedRows, RowQuant, linear
 from qwick.quantization.formats import cpu_int4
 
 logger = logging.getLogger(__name__)
@@ -177,6 +177,13 @@ class W8A8LinearMethod(LinearMethod):
     # before its wait (`triton_backend.DECODE_PRELOAD`) overlap the whole projection
     # (`Linear.precedes_attention`); figures beside `DECODE_PRELOAD` (40th session).
     pdl_qkv_start = True
+    # One decode row's SiLU-and-mul in the gate/up GEMV's epilogue (`gemv(..., gated=True)`), which also
+    # writes the absmax of each tile's outputs; the down GEMV then quantizes its own tiles of the result
+    # (one scale per row and 256 columns, `AbsmaxRows`): the SiLU-and-mul launch (1.8 us a layer on the
+    # 42nd session's fp8 critical path, H100) and its trip through memory leave the layer, for the
+    # quantization's arithmetic in the down GEMV's loop. Off until timed (`gpu_session.sh gatedmlp`: no
+    # GPU could be had in the 51st session).
+    gated_decode = False
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
@@ -419,7 +426,74 @@ class W8A8LinearMethod(LinearMethod):
             return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
         return self.row_quant
 
-    def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
+    def apply_gated(
+        self, layer: Linear, x: torch.Tensor | QuantizedRows, quant: RowQuant | None
+    ) -> AbsmaxRows | None:
+        """With `gated_decode`, one decode row that comes with its codes, for a down projection that takes
+        codes too (`quant` with groups, this method's type): the W8A8 gate/up GEMV with SiLU-and-mul and
+        the absmax of every tile's outputs in its epilogue (`AbsmaxRows`)."""
+        if not (self.gated_decode and isinstance(x, QuantizedRows) and x.group is None):
+            return None
+        if not (isinstance(quant, RowQuant) and quant.group is not None and quant.dtype == self.qdtype):
+            return None
+        rows = x.x
+        if rows.dim() != 2 or rows.shape[0] != 1:
+            return None
+        if not (self._skinny(rows) and self._per_token_cuda(layer, rows)):
+            return None
+        from qwick.kernels.gemv import gemv
+        from qwick.kernels.pdl import pdl_supported
+
+        n, k = layer.weight.shape
+        cfg = self.workspace.config_for(1, n, k, 1, codes=True)
+        if cfg.split_k != 1 or cfg.block_n % 2 or n % 2:
+            return None
+        amax = torch.empty((1, -(-n // cfg.block_n)), dtype=torch.float32, device=rows.device)
+        early = self.pdl_norm and pdl_supported(rows.device)
+        h = gemv(
+            x.codes,
+            layer.weight,
+            layer.bias,
+            self.workspace,
+            weight_scale=self.weight_scale(layer),
+            x_scale=x.scales,
+            out_dtype=rows.dtype,
+            gated=True,
+            amax_out=amax,
+            preload=early,
+            trigger=early,
+        )
+        return AbsmaxRows(h, amax)
+
+    def _apply_absmax(self, layer: Linear, x: AbsmaxRows) -> torch.Tensor:
+        """An input that comes with its absmax per c columns (`apply_gated`): the skinny W8A8 GEMV quantizes
+        its tiles itself, where c divides its tile depth; otherwise `apply`."""
+        rows = x.x
+        n, k = layer.weight.shape
+        if rows.dim() != 2 or not (self._skinny(rows) and self._per_token_cuda(layer, rows)):
+            return self.apply(layer, rows)
+        cfg = self.workspace.config_for(rows.shape[0], n, k, 1, codes=True)
+        cols = k // x.amax.shape[1]
+        if cols * x.amax.shape[1] != k or cfg.block_k % cols:
+            return self.apply(layer, rows)
+        from qwick.kernels.gemv import gemv
+        from qwick.kernels.pdl import pdl_supported
+
+        early = self.pdl_norm and rows.shape[0] == 1 and pdl_supported(rows.device)
+        return gemv(
+            rows,
+            layer.weight,
+            layer.bias,
+            self.workspace,
+            weight_scale=self.weight_scale(layer),
+            x_amax=x.amax,
+            preload=early,
+            trigger=early,
+        )
+
+    def apply_quantized(self, layer: Linear, x: QuantizedRows | AbsmaxRows) -> torch.Tensor:
+        if isinstance(x, AbsmaxRows):
+            return self._apply_absmax(layer, x)
         if x.x.dim() != 2 or not self._per_token_cuda(layer, x.x):
             return self.apply(layer, x.x)
         if x.group is not None and not self._skinny(x.x):  # group scales: only the skinny GEMM takes them
