@@ -26,7 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.codes import codes_of
 from qwick.kernels.half2 import _EMULATE
 from qwick.kernels.pdl import pdl_supported, pdl_trigger, pdl_wait
 from qwick.kernels.swiglu import silu_times
@@ -285,7 +284,10 @@ def _quantize_tile(
     ok = m_ok[:, None] & (cols * AMAX_COLS < K)[None, :]
     amax = tl.max(tl.load(amax_rows[:, None] + cols[None, :], mask=ok, other=0.0), axis=1)
     scale = tl.maximum(amax, MIN_AMAX) * INV_QMAX
-    codes = codes_of(x.to(tl.float32), scale[:, None], QMAX, code_dtype == tl.int8)
+    q = x.to(tl.float32) * (1.0 / scale)[:, None]  # one division per row, not one per value
+    if code_dtype == tl.int8:  # round half to even, as torch.round: fp32 additions of 1.5 * 2^23 round
+        q = (q + 12582912.0) - 12582912.0  # to an integer (|q| <= 127 here; two adds where `cvt.rni` is not)
+    codes = tl.minimum(tl.maximum(q, -QMAX), QMAX)
     return codes.to(code_dtype), scale
 
 

@@ -376,6 +376,22 @@ def test_gemv_with_group_scaled_codes(qdtype, n, k, m):
     assert int(ws.counters.abs().sum()) == 0
 
 
+def _codes_by_reciprocal(x: torch.Tensor, qdtype: torch.dtype, group: int) -> tuple[torch.Tensor, ...]:
+    """`quantize_per_token_group`'s scales, and codes made as the GEMV that quantizes its own tiles makes
+    them: x times the scale's fp32 reciprocal (not x / scale), rounded half to even, saturated."""
+    from qwick.quantization.w8a8 import qmax
+
+    m, k = x.shape
+    _, scales = quantize_per_token_group(x, qdtype, group)
+    groups = scales.shape[1]
+    xf = torch.nn.functional.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
+    q = xf * (1.0 / scales)[..., None]
+    if qdtype == torch.int8:
+        q = q.round()
+    q = q.clamp(-qmax(qdtype), qmax(qdtype)).to(qdtype).view(m, groups * group)[:, :k]
+    return q.contiguous(), scales
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 @pytest.mark.parametrize("inter,k", [(80, 512)] if INTERPRET else [(18944, 3584), (13824, 5120)])
@@ -384,8 +400,9 @@ def test_gemv_with_group_scaled_codes(qdtype, n, k, m):
 def test_gated_w8a8_gemv_and_a_down_gemv_that_quantizes_its_tiles(qdtype, inter, k, m, early):
     """The W8A8 gate/up GEMV with SiLU-and-mul in its epilogue (`gated`) writes `silu_and_mul` of the plain
     GEMV bit for bit, and with `amax_out` the absmax of each tile's outputs; the down GEMV given those
-    (`x_amax`) gives the bits of the one on codes made per tile depth by `quantize_per_token_group`
-    (`x_group`), split-K and launched early or not; absmax columns that do not divide its tiles are
+    (`x_amax`) gives the bits of the one on codes made per tile depth (`x_group`) with
+    `quantize_per_token_group`'s scales (the codes by the scale's reciprocal), split-K and launched early or
+    not; absmax columns that do not divide its tiles are
     refused. (The 7b and 14b MLPs on GPUs, at their default launches.)"""
     from qwick.kernels.elementwise import silu_and_mul
     from qwick.kernels.gemv import GemvConfig, gemv
@@ -409,7 +426,7 @@ def test_gated_w8a8_gemv_and_a_down_gemv_that_quantizes_its_tiles(qdtype, inter,
     assert torch.equal(amax, padded.view(m, tiles, half).amax(-1))
     for cfg in down_cfgs:
         y = gemv(h, dq, dbias, ws, cfg, weight_scale=dscale, x_amax=amax, preload=early, trigger=early)
-        hq, hs = quantize_per_token_group(h, qdtype, cfg.block_k)
+        hq, hs = _codes_by_reciprocal(h, qdtype, cfg.block_k)
         want = gemv(hq, dq, dbias, ws, cfg, weight_scale=dscale, x_scale=hs, out_dtype=out_dtype,
                     x_group=cfg.block_k)  # fmt: skip
         assert y.dtype == out_dtype and torch.equal(y, want), cfg
