@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from qwick.kernels.codes import codes_of
 from qwick.kernels.half2 import _EMULATE
 from qwick.kernels.pdl import pdl_supported, pdl_trigger, pdl_wait
 from qwick.kernels.swiglu import silu_times
@@ -54,6 +55,8 @@ def _gemv_kernel(
     ws_ptr,
     counter_ptr,
     amax_ptr,
+    q_ptr,
+    qs_ptr,
     M,
     N,
     K,
@@ -62,6 +65,8 @@ def _gemv_kernel(
     stride_ym,
     stride_xs,
     stride_am,
+    stride_q,
+    stride_qs,
     HAS_SCALE: tl.constexpr,
     X_CODES: tl.constexpr,
     X_GROUP: tl.constexpr,
@@ -78,6 +83,7 @@ def _gemv_kernel(
     TRIGGER_START: tl.constexpr = False,
     SCALES_FIRST: tl.constexpr = False,
     AMAX_OUT: tl.constexpr = False,
+    CODES_GROUP: tl.constexpr = 0,
     X_QUANT: tl.constexpr = False,
     AMAX_COLS: tl.constexpr = 1,
     QMAX: tl.constexpr = 1.0,
@@ -91,9 +97,11 @@ def _gemv_kernel(
     TRIGGER_START at the program's start. SCALES_FIRST (`SCALES_FIRST`): the weight's scales are read
     before the wait (or the loop) and the activations' per-row scales after the wait, not past the loop;
     the same products. AMAX_OUT (GATED): each tile also writes the absmax of its BLOCK_N / 2 outputs of
-    every row (`amax_ptr` [M, N / BLOCK_N]). X_QUANT: x holds 16-bit values and `amax_ptr` the absmax of
-    every AMAX_COLS columns of them; each BLOCK_K-wide tile of x is quantized here to the weight's codes
-    with one scale per row (`_quantize_tile`) and multiplied code by code."""
+    every row (`amax_ptr` [M, N / BLOCK_N]); with CODES_GROUP, the last tile of each CODES_GROUP outputs
+    to finish writes their codes (`q_ptr`) and scales (`qs_ptr`) from those (`_group_codes_tail`).
+    X_QUANT: x holds 16-bit values and `amax_ptr` the absmax of every AMAX_COLS columns of them; each
+    BLOCK_K-wide tile of x is quantized here to the weight's codes with one scale per row
+    (`_quantize_tile`) and multiplied code by code."""
     if TRIGGER_START and not _EMULATE:
         pdl_trigger()
     pid_n = tl.program_id(0)
@@ -158,10 +166,15 @@ def _gemv_kernel(
         act = gated_store(
             acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, pid_n, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N
         )  # fmt: skip
-        if AMAX_OUT:
+        if AMAX_OUT or CODES_GROUP > 0:
             outs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
             act = tl.where((outs < N // 2)[None, :], tl.abs(act.to(tl.float32)), 0.0)
             tl.store(amax_ptr + rm * stride_am + pid_n, tl.max(act, axis=1), mask=m_ok)
+        if CODES_GROUP > 0:
+            _group_codes_tail(
+                y_ptr, amax_ptr, q_ptr, qs_ptr, counter_ptr, rm, m_ok, pid_n, N // 2, stride_ym, stride_am,
+                stride_q, stride_qs, BLOCK_N // 2, CODES_GROUP, QMAX, INV_QMAX, MIN_AMAX,
+            )  # fmt: skip
     else:
         split_k_epilogue(
             acc,
@@ -222,6 +235,51 @@ def gated_store(
     mask = m_ok[:, None] & (outs < N // 2)[None, :]
     tl.store(y_ptr + rm[:, None] * stride_ym + outs[None, :], act, mask=mask)
     return act
+
+
+@triton.jit
+def _group_codes_tail(
+    y_ptr,
+    amax_ptr,
+    q_ptr,
+    qs_ptr,
+    counter_ptr,
+    rm,
+    m_ok,
+    pid_n,
+    N_OUT,
+    stride_ym,
+    stride_am,
+    stride_q,
+    stride_qs,
+    HALF: tl.constexpr,
+    GROUP: tl.constexpr,
+    QMAX: tl.constexpr,
+    INV_QMAX: tl.constexpr,
+    MIN_AMAX: tl.constexpr,
+):
+    """The gated tile pid_n (HALF outputs, its absmax written) counts itself in its group of GROUP outputs;
+    the group's last tile to arrive reads the group's absmax and outputs back and writes their codes and
+    scale, as `silu_and_mul_quant` with groups does (the same bits), then resets the group's counter."""
+    TILES: tl.constexpr = GROUP // HALF
+    g = pid_n // TILES
+    all_tiles = tl.cdiv(N_OUT, HALF)
+    tl.debug_barrier()  # every thread's outputs and absmax are written before the release below
+    done = tl.atomic_add(counter_ptr + g, 1, sem="acq_rel", scope="gpu")
+    if done == tl.minimum(TILES, all_tiles - g * TILES) - 1:
+        t = g * TILES + tl.arange(0, TILES)
+        t_ok = m_ok[:, None] & (t < all_tiles)[None, :]
+        amax = tl.load(
+            amax_ptr + rm[:, None] * stride_am + t[None, :], mask=t_ok, other=0.0, cache_modifier=".cg"
+        )
+        scale = tl.maximum(tl.max(amax, axis=1), MIN_AMAX) * INV_QMAX
+        cols = g * GROUP + tl.arange(0, GROUP)
+        ok = m_ok[:, None] & (cols < N_OUT)[None, :]
+        h = tl.load(y_ptr + rm[:, None] * stride_ym + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(qs_ptr + rm * stride_qs + g, scale, mask=m_ok)
+        codes = codes_of(h.to(tl.float32), scale[:, None], QMAX, q_ptr.dtype.element_ty == tl.int8)
+        tl.store(q_ptr + rm[:, None] * stride_q + cols[None, :], codes.to(q_ptr.dtype.element_ty), mask=ok)
+        tl.atomic_xchg(counter_ptr + g, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -536,6 +594,7 @@ def gemv(
     trigger_at_start: bool = False,
     amax_out: torch.Tensor | None = None,
     x_amax: torch.Tensor | None = None,
+    out_codes: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """`x @ weight.T + bias` for x [M <= 16, K] (unit stride along K), weight [N, K] contiguous.
 
@@ -601,6 +660,18 @@ def gemv(
             X_QUANT=True, AMAX_COLS=amax_cols, QMAX=_QMAX[weight.dtype], INV_QMAX=_INV_QMAX[weight.dtype],
             MIN_AMAX=_MIN_AMAX,
         )  # fmt: skip
+    if out_codes is not None:  # gated: the output's codes and scales per group too (`_group_codes_tail`)
+        q, qs, group = out_codes
+        half = cfg.block_n // 2
+        assert gated and q.shape == (m, n // 2) and qs.shape == (m, triton.cdiv(n // 2, group))
+        if group % half or group & (group - 1) or qs.stride(1) != 1 or q.stride(1) != 1:
+            raise ValueError(f"codes in groups of {group} outputs from tiles of {half}: {cfg}")
+        ws.check(2, 1, 1, triton.cdiv(n // 2, group), cfg)  # one counter per group
+        from qwick.quantization.w8a8 import _INV_QMAX, _MIN_AMAX, _QMAX
+
+        quant = dict(CODES_GROUP=group, QMAX=_QMAX[q.dtype], INV_QMAX=_INV_QMAX[q.dtype], MIN_AMAX=_MIN_AMAX)
+        if amax_out is None:
+            amax_out = torch.empty((m, tiles), dtype=torch.float32, device=x.device)
     amax = amax_out if amax_out is not None else x_amax
     _gemv_kernel[(tiles, cfg.split_k)](
         x,
@@ -612,6 +683,8 @@ def gemv(
         ws.partials,
         ws.counters,
         amax if amax is not None else weight,
+        out_codes[0] if out_codes is not None else weight,
+        out_codes[1] if out_codes is not None else weight,
         m,
         n,
         k,
@@ -620,6 +693,8 @@ def gemv(
         y.stride(0),
         x_scale.stride(0) if x_scale is not None else 0,
         amax.stride(0) if amax is not None else 0,
+        out_codes[0].stride(0) if out_codes is not None else 0,
+        out_codes[1].stride(0) if out_codes is not None else 0,
         HAS_SCALE=weight_scale is not None,
         X_CODES=x_scale is not None,
         X_GROUP=x_group or 0,

@@ -177,13 +177,18 @@ class W8A8LinearMethod(LinearMethod):
     # before its wait (`triton_backend.DECODE_PRELOAD`) overlap the whole projection
     # (`Linear.precedes_attention`); figures beside `DECODE_PRELOAD` (40th session).
     pdl_qkv_start = True
-    # One decode row's SiLU-and-mul in the gate/up GEMV's epilogue (`gemv(..., gated=True)`), which also
-    # writes the absmax of each tile's outputs; the down GEMV then quantizes its own tiles of the result
-    # (one scale per row and 256 columns, `AbsmaxRows`): the SiLU-and-mul launch (1.8 us a layer on the
-    # 42nd session's fp8 critical path, H100) and its trip through memory leave the layer, for the
-    # quantization's arithmetic in the down GEMV's loop. Off until timed (`gpu_session.sh gatedmlp`: no
-    # GPU could be had in the 51st session).
-    gated_decode = False
+    # One decode row's SiLU-and-mul in the gate/up GEMV's epilogue (`gemv(..., gated=True)`), so that the
+    # SiLU-and-mul launch (1.8 us a layer on the 42nd session's fp8 critical path, H100) leaves the layer.
+    # The down projection's codes then come one of two ways:
+    # - "codes": the last gate/up tile of each 512 outputs to finish writes their codes and scale, the
+    #   bits SiLU-and-mul writes (`gemv(..., out_codes=...)`), so the same tokens;
+    # - "absmax": each tile writes the absmax of its outputs, and the down GEMV quantizes its own tiles
+    #   (one scale per row and 256 columns, `AbsmaxRows`), at the cost of arithmetic in its loop (sm_90
+    #   SASS, Triton 3.6: 1840 / 1488 instructions (fp8 / int8) against 1096 / 824, 146-153 registers
+    #   against 94-110: `benchmarks/ptx_counts.py`).
+    # None: SiLU-and-mul apart. Off until timed (`gpu_session.sh gatedmlp`: no GPU could be had in the
+    # 51st session).
+    gated_decode: str | None = None
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
@@ -428,11 +433,13 @@ class W8A8LinearMethod(LinearMethod):
 
     def apply_gated(
         self, layer: Linear, x: torch.Tensor | QuantizedRows, quant: RowQuant | None
-    ) -> AbsmaxRows | None:
+    ) -> QuantizedRows | AbsmaxRows | None:
         """With `gated_decode`, one decode row that comes with its codes, for a down projection that takes
-        codes too (`quant` with groups, this method's type): the W8A8 gate/up GEMV with SiLU-and-mul and
-        the absmax of every tile's outputs in its epilogue (`AbsmaxRows`)."""
-        if not (self.gated_decode and isinstance(x, QuantizedRows) and x.group is None):
+        codes too (`quant` with groups, this method's type): the W8A8 gate/up GEMV with SiLU-and-mul in its
+        epilogue, and the codes `quant` asks for ("codes") or each tile's absmax ("absmax")."""
+        if self.gated_decode not in ("codes", "absmax"):
+            return None
+        if not (isinstance(x, QuantizedRows) and x.group is None):
             return None
         if not (isinstance(quant, RowQuant) and quant.group is not None and quant.dtype == self.qdtype):
             return None
@@ -449,6 +456,13 @@ class W8A8LinearMethod(LinearMethod):
         if cfg.split_k != 1 or cfg.block_n % 2 or n % 2:
             return None
         amax = torch.empty((1, -(-n // cfg.block_n)), dtype=torch.float32, device=rows.device)
+        out_codes = None
+        if self.gated_decode == "codes":
+            if quant.group % (cfg.block_n // 2):
+                return None
+            codes = torch.empty((1, n // 2), dtype=self.qdtype, device=rows.device)
+            scales = torch.empty((1, -(-n // 2 // quant.group)), dtype=torch.float32, device=rows.device)
+            out_codes = (codes, scales, quant.group)
         early = self.pdl_norm and pdl_supported(rows.device)
         h = gemv(
             x.codes,
@@ -460,9 +474,12 @@ class W8A8LinearMethod(LinearMethod):
             out_dtype=rows.dtype,
             gated=True,
             amax_out=amax,
+            out_codes=out_codes,
             preload=early,
             trigger=early,
         )
+        if out_codes is not None:
+            return QuantizedRows(h, out_codes[0], out_codes[1], quant.group)
         return AbsmaxRows(h, amax)
 
     def _apply_absmax(self, layer: Linear, x: AbsmaxRows) -> torch.Tensor:

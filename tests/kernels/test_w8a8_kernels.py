@@ -376,6 +376,40 @@ def test_gemv_with_group_scaled_codes(qdtype, n, k, m):
     assert int(ws.counters.abs().sum()) == 0
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
+@pytest.mark.parametrize("inter,k", [(80, 512)] if INTERPRET else [(18944, 3584), (13824, 5120)])
+@pytest.mark.parametrize("m", [1, 3])
+def test_gated_w8a8_gemv_writes_silu_and_muls_group_codes(qdtype, inter, k, m):
+    """`gemv(..., gated=True, out_codes=...)`: the last tile of each group of outputs to finish writes the
+    group's codes and scale, bit for bit what `silu_and_mul_quant` with groups writes from the plain GEMV
+    (a partial last group under the interpreter), twice in a row (the group counters reset themselves);
+    groups that tiles do not divide are refused."""
+    from qwick.kernels.elementwise import silu_and_mul_quant
+    from qwick.kernels.gemv import GemvConfig, gemv
+    from qwick.layers.linear import RowQuant
+    from qwick.quantization.w8a8 import _MIN_AMAX, qmax
+
+    if INTERPRET and qdtype == FP8_DTYPE:
+        pytest.skip("the interpreter's fp32 -> fp8 conversion is wrong near powers of two (127.9 -> 64)")
+    dev, out_dtype, _, ws, gen, wq, wscale, bias, _ = _w8a8_gemv_case(qdtype, 2 * inter, k, m)
+    cfg = ws.config_for(m, 2 * inter, k, 1, codes=True) if not INTERPRET else GemvConfig(32, 128, 1)
+    group = 32 if INTERPRET else 512
+    quant = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, group)
+    for _ in range(2):
+        xq, xs = quantize_per_token(torch.randn(m, k, generator=gen, device=dev), qdtype)
+        codes = dict(weight_scale=wscale, x_scale=xs, out_dtype=out_dtype)
+        want = silu_and_mul_quant(gemv(xq, wq, bias, ws, cfg, **codes), quant)
+        q = torch.empty(m, inter, dtype=qdtype, device=dev)
+        s = torch.empty(m, -(-inter // group), device=dev)
+        h = gemv(xq, wq, bias, ws, cfg, **codes, gated=True, out_codes=(q, s, group))
+        assert torch.equal(h, want.x) and torch.equal(s, want.scales)
+        assert torch.equal(q.view(torch.uint8), want.codes.view(torch.uint8))
+        assert int(ws.counters.abs().sum()) == 0
+    with pytest.raises(ValueError, match="groups of"):
+        gemv(xq, wq, bias, ws, cfg, **codes, gated=True, out_codes=(q, s[:, :1], inter))
+
+
 def _codes_by_reciprocal(x: torch.Tensor, qdtype: torch.dtype, group: int) -> tuple[torch.Tensor, ...]:
     """`quantize_per_token_group`'s scales, and codes made as the GEMV that quantizes its own tiles makes
     them: x times the scale's fp32 reciprocal (not x / scale), rounded half to even, saturated."""
