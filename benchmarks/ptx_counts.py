@@ -122,6 +122,7 @@ def gemv(
     even_k: bool = True,
     gated_amax: bool = False,
     x_quant: bool = False,
+    codes_group: int = 0,
 ):
     """W8A16 (bf16 activations), or with `codes` W8A8 as one early-launched decode row runs it (activation
     codes of the weight's type, the first tile preloaded, the trigger past the loop; `x_group`: a scale
@@ -134,18 +135,21 @@ def gemv(
     sig = {"x_ptr": w if codes else "*bf16", "w_ptr": w, "s_ptr": "*fp32", "xs_ptr": "*fp32"}
     sig |= {"b_ptr": "*bf16"}
     sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32", "amax_ptr": "*fp32"}
-    names = ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "stride_xs", "stride_am")
+    sig |= {"q_ptr": w, "qs_ptr": "*fp32"}
+    names = ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "stride_xs", "stride_am", "stride_q")
+    names += ("stride_qs",)
     sig |= {n: "i32" for n in names}
     int_dot = codes and weight == "int8"  # as `gemv` launches int8 codes, with groups too
     const = dict(HAS_SCALE=True, X_CODES=codes, X_GROUP=x_group, INT_DOT=int_dot, HAS_BIAS=False)
     const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even_k)
     early = codes or x_quant
     const |= dict(PRELOAD=early, TRIGGER=early, SCALES_FIRST=SCALES_FIRST)  # as `gemv` launches it
-    const |= dict(GATED=gated_amax, AMAX_OUT=gated_amax)
-    if x_quant:
+    const |= dict(GATED=gated_amax or codes_group > 0, AMAX_OUT=gated_amax, CODES_GROUP=codes_group)
+    if x_quant or codes_group:
         qdtype = FP8_DTYPE if weight == "fp8" else __import__("torch").int8
-        const |= dict(X_QUANT=True, AMAX_COLS=32, QMAX=_QMAX[qdtype], INV_QMAX=_INV_QMAX[qdtype])
-        const |= dict(MIN_AMAX=_MIN_AMAX)
+        const |= dict(QMAX=_QMAX[qdtype], INV_QMAX=_INV_QMAX[qdtype], MIN_AMAX=_MIN_AMAX)
+    if x_quant:
+        const |= dict(X_QUANT=True, AMAX_COLS=32)
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
@@ -234,6 +238,8 @@ VARIANTS = {
     "gemv W8A8 int8 gate/up gated with absmax": lambda: gemv(
         "int8", 64, 256, 1, 3, codes=True, gated_amax=True
     ),
+    "gemv W8A8 fp8 gate/up, SiLU, group codes": lambda: gemv("fp8", 64, 256, 1, 3, True, codes_group=512),
+    "gemv W8A8 int8 gate/up, SiLU, group codes": lambda: gemv("int8", 64, 256, 1, 3, True, codes_group=512),
     "gemv W8A8 fp8 down quantizing its tiles": lambda: gemv("fp8", 64, 256, 8, 3, even_k=False, x_quant=True),
     "gemv W8A8 int8 down quantizing its tiles": lambda: gemv(
         "int8", 64, 256, 8, 3, even_k=False, x_quant=True

@@ -172,7 +172,7 @@ def _gemv_kernel(
             tl.store(amax_ptr + rm * stride_am + pid_n, tl.max(act, axis=1), mask=m_ok)
         if CODES_GROUP > 0:
             _group_codes_tail(
-                y_ptr, amax_ptr, q_ptr, qs_ptr, counter_ptr, rm, m_ok, pid_n, N // 2, stride_ym, stride_am,
+                y_ptr, amax_ptr, q_ptr, qs_ptr, counter_ptr, M, pid_n, N // 2, stride_ym, stride_am,
                 stride_q, stride_qs, BLOCK_N // 2, CODES_GROUP, QMAX, INV_QMAX, MIN_AMAX,
             )  # fmt: skip
     else:
@@ -244,8 +244,7 @@ def _group_codes_tail(
     q_ptr,
     qs_ptr,
     counter_ptr,
-    rm,
-    m_ok,
+    M,
     pid_n,
     N_OUT,
     stride_ym,
@@ -266,19 +265,17 @@ def _group_codes_tail(
     all_tiles = tl.cdiv(N_OUT, HALF)
     tl.debug_barrier()  # every thread's outputs and absmax are written before the release below
     done = tl.atomic_add(counter_ptr + g, 1, sem="acq_rel", scope="gpu")
-    if done == tl.minimum(TILES, all_tiles - g * TILES) - 1:
+    if done == tl.minimum(TILES, all_tiles - g * TILES) - 1:  # row by row: few registers held for it
         t = g * TILES + tl.arange(0, TILES)
-        t_ok = m_ok[:, None] & (t < all_tiles)[None, :]
-        amax = tl.load(
-            amax_ptr + rm[:, None] * stride_am + t[None, :], mask=t_ok, other=0.0, cache_modifier=".cg"
-        )
-        scale = tl.maximum(tl.max(amax, axis=1), MIN_AMAX) * INV_QMAX
         cols = g * GROUP + tl.arange(0, GROUP)
-        ok = m_ok[:, None] & (cols < N_OUT)[None, :]
-        h = tl.load(y_ptr + rm[:, None] * stride_ym + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg")
-        tl.store(qs_ptr + rm * stride_qs + g, scale, mask=m_ok)
-        codes = codes_of(h.to(tl.float32), scale[:, None], QMAX, q_ptr.dtype.element_ty == tl.int8)
-        tl.store(q_ptr + rm[:, None] * stride_q + cols[None, :], codes.to(q_ptr.dtype.element_ty), mask=ok)
+        for r in range(0, M):
+            amax = tl.load(amax_ptr + r * stride_am + t, mask=t < all_tiles, other=0.0, cache_modifier=".cg")
+            scale = tl.maximum(tl.max(amax, axis=0), MIN_AMAX) * INV_QMAX
+            ok = cols < N_OUT
+            h = tl.load(y_ptr + r * stride_ym + cols, mask=ok, other=0.0, cache_modifier=".cg")
+            tl.store(qs_ptr + r * stride_qs + g, scale)
+            codes = codes_of(h.to(tl.float32), scale, QMAX, q_ptr.dtype.element_ty == tl.int8)
+            tl.store(q_ptr + r * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=ok)
         tl.atomic_xchg(counter_ptr + g, 0, sem="relaxed", scope="gpu")
 
 
