@@ -432,6 +432,25 @@ class W8A8LinearMethod(LinearMethod):
             return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
         return self.row_quant
 
+    def _early_gemv(self, layer: Linear, x: torch.Tensor, rows: torch.Tensor, **kwargs) -> torch.Tensor:
+        """The skinny GEMV of `x` (codes, or values with `x_amax`) against the layer's codes; one decode row
+        (`rows`: x's values) launched early with `pdl_norm` (`qwick.kernels.pdl`)."""
+        from qwick.kernels.gemv import gemv
+        from qwick.kernels.pdl import pdl_supported
+
+        early = self.pdl_norm and rows.shape[0] == 1 and pdl_supported(rows.device)
+        scale = self.weight_scale(layer)
+        return gemv(
+            x,
+            layer.weight,
+            layer.bias,
+            self.workspace,
+            weight_scale=scale,
+            preload=early,
+            trigger=early,
+            **kwargs,
+        )
+
     def apply_gated(
         self, layer: Linear, x: torch.Tensor | QuantizedRows, quant: RowQuant | None
     ) -> QuantizedRows | AbsmaxRows | None:
@@ -449,9 +468,6 @@ class W8A8LinearMethod(LinearMethod):
             return None
         if not (self._skinny(rows) and self._per_token_cuda(layer, rows)):
             return None
-        from qwick.kernels.gemv import gemv
-        from qwick.kernels.pdl import pdl_supported
-
         n, k = layer.weight.shape
         cfg = self.workspace.config_for(1, n, k, 1, codes=True)
         if cfg.split_k != 1 or cfg.block_n % 2 or n % 2:
@@ -464,21 +480,10 @@ class W8A8LinearMethod(LinearMethod):
             codes = torch.empty((1, n // 2), dtype=self.qdtype, device=rows.device)
             scales = torch.empty((1, -(-n // 2 // quant.group)), dtype=torch.float32, device=rows.device)
             out_codes = (codes, scales, quant.group)
-        early = self.pdl_norm and pdl_supported(rows.device)
-        h = gemv(
-            x.codes,
-            layer.weight,
-            layer.bias,
-            self.workspace,
-            weight_scale=self.weight_scale(layer),
-            x_scale=x.scales,
-            out_dtype=rows.dtype,
-            gated=True,
-            amax_out=amax,
+        h = self._early_gemv(
+            layer, x.codes, rows, x_scale=x.scales, out_dtype=rows.dtype, gated=True, amax_out=amax,
             out_codes=out_codes,
-            preload=early,
-            trigger=early,
-        )
+        )  # fmt: skip
         if out_codes is not None:
             return QuantizedRows(h, out_codes[0], out_codes[1], quant.group)
         return AbsmaxRows(h, amax)
@@ -494,20 +499,7 @@ class W8A8LinearMethod(LinearMethod):
         cols = k // x.amax.shape[1]
         if cols * x.amax.shape[1] != k or cfg.block_k % cols:
             return self.apply(layer, rows)
-        from qwick.kernels.gemv import gemv
-        from qwick.kernels.pdl import pdl_supported
-
-        early = self.pdl_norm and rows.shape[0] == 1 and pdl_supported(rows.device)
-        return gemv(
-            rows,
-            layer.weight,
-            layer.bias,
-            self.workspace,
-            weight_scale=self.weight_scale(layer),
-            x_amax=x.amax,
-            preload=early,
-            trigger=early,
-        )
+        return self._early_gemv(layer, rows, rows, x_amax=x.amax)
 
     def apply_quantized(self, layer: Linear, x: QuantizedRows | AbsmaxRows) -> torch.Tensor:
         if isinstance(x, AbsmaxRows):
@@ -569,19 +561,9 @@ class W8A8LinearMethod(LinearMethod):
             if codes is None:
                 return gemv(x.contiguous(), layer.weight, layer.bias, self.workspace, weight_scale=scale)
             xq, xs = codes
-            early = self.pdl_norm and x.shape[0] == 1 and pdl_supported(x.device)
-            return gemv(
-                xq,
-                layer.weight,
-                layer.bias,
-                self.workspace,
-                weight_scale=scale,
-                x_scale=xs,
-                out_dtype=x.dtype,
-                x_group=group,
-                preload=early,
-                trigger=early,
-                trigger_at_start=self.pdl_qkv_start and layer.precedes_attention,
+            at_start = self.pdl_qkv_start and layer.precedes_attention
+            return self._early_gemv(
+                layer, xq, x, x_scale=xs, out_dtype=x.dtype, x_group=group, trigger_at_start=at_start
             )
         if not self.quantize_activations:
             return self.apply_reference(layer, x)
