@@ -59,8 +59,8 @@
 #   bash benchmarks/gpu_session.sh fusedsweep # one decode row's W8A8 MLP in one launch (the prototype,
 #                                            # benchmarks/fused_mlp_w8.py) against the three launches
 #   bash benchmarks/gpu_session.sh gatedmlp  # SiLU-and-mul in the W8A8 gate/up GEMV, its tail writing
-#                                            # the codes or the down GEMV quantizing its tiles: tests,
-#                                            # fp8 / int8 batch 1 apart, "codes", "absmax" (REPS_LIST)
+#                                            # the down projection's codes: tests, fp8 / int8 batch 1
+#                                            # without it and with it (REPS_LIST)
 #   bash benchmarks/gpu_session.sh scales    # the 8-bit GEMVs reading their scales before the wait or
 #                                            # the loop (`SCALES_FIRST`, off: -0.6% for int8 on an
 #                                            # H100): tests, fp8 / int8 batch 1 without it and with it
@@ -1088,21 +1088,17 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         $SHORT --quantization $q
     done
     ;;
-  gatedmlp)  # one decode row's SiLU-and-mul in the W8A8 gate/up GEMV (`W8A8LinearMethod.gated_decode`, off
-    # until timed): its GPU tests, then fp8 and int8 batch 1 with SiLU-and-mul apart (unless SKIP_BASE=1,
-    # after `b1modes` in the same call), with "codes" and with "absmax", in turn (REPS_LIST)
+  gatedmlp)  # one decode row's SiLU-and-mul in the W8A8 gate/up GEMV, its last tile of each group writing
+    # the down projection's codes (`W8A8LinearMethod.gated_decode`, off until timed): its GPU tests, then
+    # fp8 and int8 batch 1 without it and with it, alternating (REPS_LIST)
     python -m pytest -q -p no:cacheprovider tests/kernels/test_w8a8_kernels.py tests/quantization/test_w8a8_gpu.py \
       -k "gated_w8a8 or gated_decode" 2>&1 | tail -6
+    ON="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as W; W.gated_decode = True
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for i in ${REPS_LIST:-1 2}; do
       for q in fp8 int8; do
-        [ -n "${SKIP_BASE:-}" ] || run "b1_${q}_apart_$i" $LAT --shape qwen2.5-7b $SHORT --quantization "$q" \
-          --output-json "$OUT/b1_${q}_apart_$i.json"
-        for g in codes absmax; do
-          run "b1_${q}_${g}_$i" python -c "import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as W
-W.gated_decode = '$g'; from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" \
-            bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization "$q" \
-            --output-json "$OUT/b1_${q}_${g}_$i.json"
-        done
+        REPS_LIST=$i alternate "b1_${q}_apart" "b1_${q}_gated" "$ON" bench latency --num-iters 3 \
+          --shape qwen2.5-7b $SHORT --quantization "$q"
       done
     done
     ;;

@@ -120,16 +120,17 @@ def gemv(
     codes: bool = False,
     x_group: int = 0,
     even_k: bool = True,
-    gated_amax: bool = False,
-    x_quant: bool = False,
     codes_group: int = 0,
 ):
     """W8A16 (bf16 activations), or with `codes` W8A8 as one early-launched decode row runs it (activation
     codes of the weight's type, the first tile preloaded, the trigger past the loop; `x_group`: a scale
-    per that many columns, as the down projection's SiLU-and-mul codes). `gated_amax`: with SiLU-and-mul
-    and the per-tile absmax in the epilogue; `x_quant`: bf16 activations quantized per tile in the loop from
-    absmax per 32 columns (`W8A8LinearMethod.gated_decode`), launched early as the codes are."""
-    from qwick.quantization.w8a8 import _INV_QMAX, _MIN_AMAX, _QMAX, FP8_DTYPE
+    per that many columns, as the down projection's SiLU-and-mul codes). `codes_group`: a gated gate/up
+    GEMV writing the down projection's codes in groups of that many outputs
+    (`W8A8LinearMethod.gated_decode`)."""
+    import torch
+
+    from qwick.kernels.codes import inv_qmax
+    from qwick.quantization.w8a8 import _MIN_AMAX, _QMAX
 
     w = {"fp8": "*fp8e4nv", "int8": "*i8"}[weight]
     sig = {"x_ptr": w if codes else "*bf16", "w_ptr": w, "s_ptr": "*fp32", "xs_ptr": "*fp32"}
@@ -142,14 +143,11 @@ def gemv(
     int_dot = codes and weight == "int8"  # as `gemv` launches int8 codes, with groups too
     const = dict(HAS_SCALE=True, X_CODES=codes, X_GROUP=x_group, INT_DOT=int_dot, HAS_BIAS=False)
     const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even_k)
-    early = codes or x_quant
-    const |= dict(PRELOAD=early, TRIGGER=early, SCALES_FIRST=SCALES_FIRST)  # as `gemv` launches it
-    const |= dict(GATED=gated_amax or codes_group > 0, AMAX_OUT=gated_amax, CODES_GROUP=codes_group)
-    if x_quant or codes_group:
-        qdtype = FP8_DTYPE if weight == "fp8" else __import__("torch").int8
-        const |= dict(QMAX=_QMAX[qdtype], INV_QMAX=_INV_QMAX[qdtype], MIN_AMAX=_MIN_AMAX)
-    if x_quant:
-        const |= dict(X_QUANT=True, AMAX_COLS=32)
+    const |= dict(PRELOAD=codes, TRIGGER=codes, SCALES_FIRST=SCALES_FIRST)  # as `gemv` launches it
+    if codes_group:
+        qmax = _QMAX[{"fp8": torch.float8_e4m3fn, "int8": torch.int8}[weight]]
+        const |= dict(GATED=True, CODES_GROUP=codes_group, QMAX=qmax, INV_QMAX=inv_qmax(qmax))
+        const |= dict(MIN_AMAX=_MIN_AMAX, IS_INT=weight == "int8")
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
@@ -232,18 +230,8 @@ VARIANTS = {
     "gemv W8A8 int8 gate/up (64 x 256, 3 stages)": lambda: gemv("int8", 64, 256, 1, 3, codes=True),
     "gemv W8A8 fp8 down (64 x 256, split 8)": lambda: gemv("fp8", 64, 256, 8, 3, True, 512, False),
     "gemv W8A8 int8 down (64 x 256, split 8)": lambda: gemv("int8", 64, 256, 8, 3, True, 512, False),
-    "gemv W8A8 fp8 gate/up gated with absmax": lambda: gemv(
-        "fp8", 64, 256, 1, 3, codes=True, gated_amax=True
-    ),
-    "gemv W8A8 int8 gate/up gated with absmax": lambda: gemv(
-        "int8", 64, 256, 1, 3, codes=True, gated_amax=True
-    ),
     "gemv W8A8 fp8 gate/up, SiLU, group codes": lambda: gemv("fp8", 64, 256, 1, 3, True, codes_group=512),
     "gemv W8A8 int8 gate/up, SiLU, group codes": lambda: gemv("int8", 64, 256, 1, 3, True, codes_group=512),
-    "gemv W8A8 fp8 down quantizing its tiles": lambda: gemv("fp8", 64, 256, 8, 3, even_k=False, x_quant=True),
-    "gemv W8A8 int8 down quantizing its tiles": lambda: gemv(
-        "int8", 64, 256, 8, 3, even_k=False, x_quant=True
-    ),
     "w8 row GEMV fp8 (o, 16 x 256, split 4)": lambda: w8row(),
     "half2 int4 GEMV (gate/up, 32 rows)": lambda: half2(False),
     "half2 int4 GEMV with SiLU-and-mul (gate/up, 32 rows)": lambda: half2(True),

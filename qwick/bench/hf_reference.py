@@ -6,6 +6,7 @@ import statistics
 import time
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from qwick.bench.workloads import BenchRequest, throughput_summary
 
@@ -34,7 +35,7 @@ def transformers_on_our_weights(model, dtype: torch.dtype, device: str | torch.d
     return ref.eval()
 
 
-class TokenClock:
+class TokenClock(BaseStreamer):
     """A `generate` streamer that notes when each new token is ready: `put` is called with the prompt
     first, then once per step with that step's tokens (the device is synchronized first, so a GPU step
     is timed when it has run, not when it was queued)."""

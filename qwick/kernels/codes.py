@@ -1,11 +1,15 @@
 """Activation codes: the one rounding rule every kernel that quantizes activations to fp8 or int8 applies
-(RMSNorm, SiLU-and-mul, the row quantizer and the GEMV that quantizes its own tiles), so that all of them
-give the bits of the torch reference (`qwick.quantization.w8a8._to_codes`)."""
+(RMSNorm, SiLU-and-mul, the row quantizer and the gated W8A8 GEMV's group tail), so that all of them
+give the bits of the torch reference (`qwick.quantization.w8a8._to_codes`); and the buffers and
+meta-parameters those kernels take for a `RowQuant`."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from qwick.layers.linear import RowQuant
 
 
 @triton.jit
@@ -18,3 +22,26 @@ def codes_of(x, scale, QMAX: tl.constexpr, IS_INT: tl.constexpr):
         tie_to_odd = ((r - q) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) != 0.0)
         q = tl.where(tie_to_odd, r - 1.0, r)
     return tl.minimum(tl.maximum(q, -QMAX), QMAX)
+
+
+def inv_qmax(qmax: float) -> float:
+    """fp32(1 / qmax) as a Python float: the factor torch's CUDA `tensor / qmax` multiplies by."""
+    return float(torch.tensor(1.0, dtype=torch.float32) / qmax)
+
+
+def code_buffers(x: torch.Tensor, quant: RowQuant | None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Buffers for the codes [rows, N] and scales [rows, 1] (or [rows, ceil(N / group)]) of `quant` for
+    the values x [rows, N] (dummies without it), and the kernels' quantization meta-parameters."""
+    rows, n = x.shape
+    if quant is None:
+        return x, x, {"QMAX": 0.0, "INV_QMAX": 0.0, "MIN_AMAX": 0.0, "IS_INT": False}
+    codes = torch.empty((rows, n), dtype=quant.dtype, device=x.device)
+    groups = 1 if quant.group is None else triton.cdiv(n, quant.group)
+    scales = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
+    meta = {
+        "QMAX": quant.qmax,
+        "INV_QMAX": inv_qmax(quant.qmax),
+        "MIN_AMAX": quant.min_amax,
+        "IS_INT": not quant.dtype.is_floating_point,
+    }
+    return codes, scales, meta

@@ -23,11 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.codes import codes_of
+from qwick.kernels.codes import code_buffers, codes_of
 from qwick.kernels.half2 import _EMULATE
 from qwick.kernels.pdl import pdl_supported, pdl_trigger, pdl_wait
 from qwick.kernels.swiglu import silu_times
-from qwick.kernels.w8a8 import inv_qmax
 from qwick.layers.linear import HalfPairs, PairedRows, QuantizedRows, RowQuant
 
 # RMSNorm reads its weight together with x and the residual, not after the row's sum of squares: sm_90 PTX
@@ -230,24 +229,6 @@ def _store_codes(
     tl.store(q_ptrs, codes_of(yf, scale, QMAX, IS_INT).to(q_ptrs.dtype.element_ty), mask=mask)
 
 
-def _row_codes(x: torch.Tensor, quant: RowQuant | None) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Buffers for the codes [rows, N] and scales [rows, 1] (or [rows, ceil(N / group)]) of `quant`
-    (dummies without it), and the kernels' quantization meta-parameters."""
-    rows, n = x.shape
-    if quant is None:
-        return x, x, {"QMAX": 0.0, "INV_QMAX": 0.0, "MIN_AMAX": 0.0, "IS_INT": False}
-    codes = torch.empty((rows, n), dtype=quant.dtype, device=x.device)
-    groups = 1 if quant.group is None else triton.cdiv(n, quant.group)
-    scales = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
-    meta = {
-        "QMAX": quant.qmax,
-        "INV_QMAX": inv_qmax(quant.qmax),
-        "MIN_AMAX": quant.min_amax,
-        "IS_INT": not quant.dtype.is_floating_point,
-    }
-    return codes, scales, meta
-
-
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -278,7 +259,7 @@ def rms_norm(
         codes, scales = quantize_rows(out, quant.dtype, quant.qmax, quant.min_amax, quant.group)
         return QuantizedRows(out, codes, scales, quant.group)
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    codes, scales, meta = _row_codes(out, quant)
+    codes, scales, meta = code_buffers(out, quant)
     pairs, pair_meta = _pairs_buffer(out, half_pairs)
     if rows > 0:
         block = triton.next_power_of_2(n)
@@ -640,7 +621,7 @@ def silu_and_mul_quant(
     program per row and group (the launch shape is the group)."""
     rows, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    codes, scales, meta = _row_codes(out, quant)
+    codes, scales, meta = code_buffers(out, quant)
     if rows > 0 and quant.group is not None:
         group = quant.group
         if group & (group - 1):

@@ -26,10 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.codes import codes_of
+from qwick.kernels.codes import code_buffers, codes_of
 from qwick.kernels.half2 import _EMULATE
 from qwick.kernels.pdl import pdl_supported, pdl_trigger, pdl_wait
 from qwick.kernels.swiglu import silu_times
+from qwick.layers.linear import QuantizedRows, RowQuant
 
 MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
 # The 8-bit GEMVs may read their weight scales before the wait of an early launch (or before the loop) and
@@ -82,13 +83,11 @@ def _gemv_kernel(
     TRIGGER: tl.constexpr = False,
     TRIGGER_START: tl.constexpr = False,
     SCALES_FIRST: tl.constexpr = False,
-    AMAX_OUT: tl.constexpr = False,
     CODES_GROUP: tl.constexpr = 0,
-    X_QUANT: tl.constexpr = False,
-    AMAX_COLS: tl.constexpr = 1,
-    QMAX: tl.constexpr = 1.0,
-    INV_QMAX: tl.constexpr = 1.0,
-    MIN_AMAX: tl.constexpr = 1e-10,
+    QMAX: tl.constexpr = 0.0,
+    INV_QMAX: tl.constexpr = 0.0,
+    MIN_AMAX: tl.constexpr = 0.0,
+    IS_INT: tl.constexpr = False,
 ):
     """GATED (one split): W is a [gate | up] weight of N rows, each tile's first half gate rows and its
     second half the up rows of the same outputs, and y [M, N / 2] is silu(gate) * up (`gated_store`).
@@ -96,12 +95,9 @@ def _gemv_kernel(
     `pdl_wait`, and its product is the loop's first; TRIGGER: `pdl_trigger` once past the loop, or with
     TRIGGER_START at the program's start. SCALES_FIRST (`SCALES_FIRST`): the weight's scales are read
     before the wait (or the loop) and the activations' per-row scales after the wait, not past the loop;
-    the same products. AMAX_OUT (GATED): each tile also writes the absmax of its BLOCK_N / 2 outputs of
-    every row (`amax_ptr` [M, N / BLOCK_N]); with CODES_GROUP, the last tile of each CODES_GROUP outputs
-    to finish writes their codes (`q_ptr`) and scales (`qs_ptr`) from those (`_group_codes_tail`).
-    X_QUANT: x holds 16-bit values and `amax_ptr` the absmax of every AMAX_COLS columns of them; each
-    BLOCK_K-wide tile of x is quantized here to the weight's codes with one scale per row
-    (`_quantize_tile`) and multiplied code by code."""
+    the same products. CODES_GROUP (GATED): each tile also writes the absmax of its BLOCK_N / 2 outputs of
+    every row (`amax_ptr`, scratch [M, N / BLOCK_N]), and the last tile of each CODES_GROUP outputs to
+    finish writes their codes (`q_ptr`) and scales (`qs_ptr`; `_group_codes_tail`)."""
     if TRIGGER_START and not _EMULATE:
         pdl_trigger()
     pid_n = tl.program_id(0)
@@ -119,8 +115,7 @@ def _gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + rm[:, None] * stride_xm
-    int_acc: tl.constexpr = INT_DOT and X_GROUP == 0 and not X_QUANT
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if int_acc else tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT and X_GROUP == 0 else tl.float32)
     k_loop = k_start
     early_scales: tl.constexpr = SCALES_FIRST and HAS_SCALE
     early_x_scales: tl.constexpr = SCALES_FIRST and X_CODES and X_GROUP == 0
@@ -136,21 +131,13 @@ def _gemv_kernel(
     if early_x_scales:
         x_scale = tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)
     xs_rows = xs_ptr + rm * stride_xs  # each row's activation scales
-    if X_QUANT:
-        xs_rows = amax_ptr + rm * stride_am  # each row's absmax per AMAX_COLS columns
     if PRELOAD:
         x = load_x_tile(x_rows, k_start + rk, k_end, m_ok, EVEN_K)
-        acc = _accumulate(
-            acc, x, w, xs_rows, m_ok, k_start, X_CODES, X_GROUP, INT_DOT, X_QUANT, K, AMAX_COLS, QMAX,
-            INV_QMAX, MIN_AMAX,
-        )  # fmt: skip
+        acc = _accumulate(acc, x, w, xs_rows, m_ok, k_start, X_CODES, X_GROUP, INT_DOT)
         k_loop = k_start + BLOCK_K
     for k in range(k_loop, k_end, BLOCK_K):
         w, x = load_k_tiles(w_rows, x_rows, k + rk, k_end, n_ok, m_ok, EVEN_K)
-        acc = _accumulate(
-            acc, x, w, xs_rows, m_ok, k, X_CODES, X_GROUP, INT_DOT, X_QUANT, K, AMAX_COLS, QMAX, INV_QMAX,
-            MIN_AMAX,
-        )  # fmt: skip
+        acc = _accumulate(acc, x, w, xs_rows, m_ok, k, X_CODES, X_GROUP, INT_DOT)
     if TRIGGER and not TRIGGER_START and not _EMULATE:  # the next kernel may launch once every program
         pdl_trigger()  # is past its loop
     acc = acc.to(tl.float32)
@@ -166,14 +153,13 @@ def _gemv_kernel(
         act = gated_store(
             acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, pid_n, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N
         )  # fmt: skip
-        if AMAX_OUT or CODES_GROUP > 0:
+        if CODES_GROUP > 0:
             outs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
             act = tl.where((outs < N // 2)[None, :], tl.abs(act.to(tl.float32)), 0.0)
             tl.store(amax_ptr + rm * stride_am + pid_n, tl.max(act, axis=1), mask=m_ok)
-        if CODES_GROUP > 0:
             _group_codes_tail(
                 y_ptr, amax_ptr, q_ptr, qs_ptr, counter_ptr, M, pid_n, N // 2, stride_ym, stride_am,
-                stride_q, stride_qs, BLOCK_N // 2, CODES_GROUP, QMAX, INV_QMAX, MIN_AMAX,
+                stride_q, stride_qs, BLOCK_N // 2, CODES_GROUP, QMAX, INV_QMAX, MIN_AMAX, IS_INT,
             )  # fmt: skip
     else:
         split_k_epilogue(
@@ -256,6 +242,7 @@ def _group_codes_tail(
     QMAX: tl.constexpr,
     INV_QMAX: tl.constexpr,
     MIN_AMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
 ):
     """The gated tile pid_n (HALF outputs, its absmax written) counts itself in its group of GROUP outputs;
     the group's last tile to arrive reads the group's absmax and outputs back and writes their codes and
@@ -274,7 +261,7 @@ def _group_codes_tail(
             ok = cols < N_OUT
             h = tl.load(y_ptr + r * stride_ym + cols, mask=ok, other=0.0, cache_modifier=".cg")
             tl.store(qs_ptr + r * stride_qs + g, scale)
-            codes = codes_of(h.to(tl.float32), scale, QMAX, q_ptr.dtype.element_ty == tl.int8)
+            codes = codes_of(h.to(tl.float32), scale, QMAX, IS_INT)
             tl.store(q_ptr + r * stride_q + cols, codes.to(q_ptr.dtype.element_ty), mask=ok)
         tl.atomic_xchg(counter_ptr + g, 0, sem="relaxed", scope="gpu")
 
@@ -290,21 +277,10 @@ def _accumulate(
     X_CODES: tl.constexpr,
     X_GROUP: tl.constexpr,
     INT_DOT: tl.constexpr,
-    X_QUANT: tl.constexpr = False,
-    K=0,
-    AMAX_COLS: tl.constexpr = 1,
-    QMAX: tl.constexpr = 1.0,
-    INV_QMAX: tl.constexpr = 1.0,
-    MIN_AMAX: tl.constexpr = 1e-10,
 ):
     """`acc` plus the products of the activation tile x and the weight tile w at column k (`xs_rows`: each
-    row's activation scales, with X_GROUP one per X_GROUP columns; with X_QUANT each row's absmax per
-    AMAX_COLS columns of the 16-bit x)."""
-    if X_QUANT:  # W8A8 on x quantized here: one scale per row and tile
-        xq, xs = _quantize_tile(x, xs_rows, m_ok, k, K, w.dtype, AMAX_COLS, QMAX, INV_QMAX, MIN_AMAX)
-        part = tl.dot(xq, tl.trans(w), out_dtype=tl.int32 if w.dtype == tl.int8 else tl.float32)
-        acc += part.to(tl.float32) * xs[:, None]
-    elif X_CODES and X_GROUP > 0:  # W8A8 with a scale per X_GROUP columns: scale each tile's sums
+    row's activation scales, with X_GROUP one per X_GROUP columns)."""
+    if X_CODES and X_GROUP > 0:  # W8A8 with a scale per X_GROUP columns: scale each tile's sums
         part = tl.dot(x, tl.trans(w), out_dtype=tl.int32 if INT_DOT else tl.float32)
         xs = tl.load(xs_rows + k // X_GROUP, mask=m_ok, other=0.0)
         acc += part.to(tl.float32) * xs[:, None]
@@ -315,35 +291,6 @@ def _accumulate(
         # beats y^T = W x^T (codes as the register operand) by 20-30% at fp8 and ties at int8.
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     return acc
-
-
-@triton.jit
-def _quantize_tile(
-    x,
-    amax_rows,
-    m_ok,
-    k,
-    K,
-    code_dtype: tl.constexpr,
-    AMAX_COLS: tl.constexpr,
-    QMAX: tl.constexpr,
-    INV_QMAX: tl.constexpr,
-    MIN_AMAX: tl.constexpr,
-):
-    """A [BLOCK_M, BLOCK_K] tile of 16-bit activations at column k (of K) -> its codes of `code_dtype` and
-    one fp32 scale per row: max(absmax of the tile's columns, MIN_AMAX) * INV_QMAX, the absmax read from the
-    per-AMAX_COLS-columns ones at `amax_rows` (what `quantize_per_token_group` computes for groups of
-    BLOCK_K columns)."""
-    ENTRIES: tl.constexpr = x.shape[1] // AMAX_COLS
-    cols = k // AMAX_COLS + tl.arange(0, ENTRIES)
-    ok = m_ok[:, None] & (cols * AMAX_COLS < K)[None, :]
-    amax = tl.max(tl.load(amax_rows[:, None] + cols[None, :], mask=ok, other=0.0), axis=1)
-    scale = tl.maximum(amax, MIN_AMAX) * INV_QMAX
-    q = x.to(tl.float32) * (1.0 / scale)[:, None]  # one division per row, not one per value
-    if code_dtype == tl.int8:  # round half to even, as torch.round: fp32 additions of 1.5 * 2^23 round
-        q = (q + 12582912.0) - 12582912.0  # to an integer (|q| <= 127 here; two adds where `cvt.rni` is not)
-    codes = tl.minimum(tl.maximum(q, -QMAX), QMAX)
-    return codes.to(code_dtype), scale
 
 
 @triton.jit
@@ -589,10 +536,8 @@ def gemv(
     preload: bool = False,
     trigger: bool = False,
     trigger_at_start: bool = False,
-    amax_out: torch.Tensor | None = None,
-    x_amax: torch.Tensor | None = None,
-    out_codes: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-) -> torch.Tensor:
+    out_quant: RowQuant | None = None,
+) -> torch.Tensor | QuantizedRows:
     """`x @ weight.T + bias` for x [M <= 16, K] (unit stride along K), weight [N, K] contiguous.
 
     `gated`: weight is a [gate | up] pair of N / 2 rows each (the packed gate/up projection), and the
@@ -614,11 +559,9 @@ def gemv(
     once they have started: for a next kernel of a few programs that loads before it waits, as decode
     attention with `DECODE_PRELOAD`). The same sums either way.
 
-    `amax_out` (gated, fp32 [M, N / block_n]): each tile also writes the absmax of its block_n / 2 outputs
-    of every row. `x_amax` (fp32 [M, K / c]): x holds 16-bit values with their absmax per c columns (a
-    gated GEMV's `amax_out`), and 8-bit weight codes multiply x's codes, made here per tile of block_k
-    columns (c divides it) with one scale per row and tile, as `quantize_per_token_group` would make them
-    for groups of block_k columns (W8A8 without a quantization launch)."""
+    `out_quant` (gated, with a `group` that the tiles' block_n / 2 outputs divide): the result comes with
+    its codes and scales per group (`QuantizedRows`), the bits `silu_and_mul_quant` writes; the last tile
+    of each group to finish writes them, so no launch of its own is needed."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= MAX_M and weight.shape[1] == k and x.stride(1) == 1 and weight.stride(1) == 1
@@ -633,8 +576,8 @@ def gemv(
     assert weight_scale is None or weight_scale.numel() == n
     y = torch.empty((m, n // 2 if gated else n), dtype=out_dtype, device=x.device)
     if m == 0:
-        return y
-    cfg = config or ws.config_for(m, n, k, weight.element_size(), x_scale is not None or x_amax is not None)
+        return y if out_quant is None else QuantizedRows(y, *code_buffers(y, out_quant)[:2], out_quant.group)
+    cfg = config or ws.config_for(m, n, k, weight.element_size(), x_scale is not None)
     if gated and (cfg.split_k != 1 or cfg.block_n % 2 or n % 2):
         raise ValueError(f"a gated GEMV needs one split and an even [gate | up] weight: {cfg}, N={n}")
     if x_group is not None and x_group % cfg.block_k:
@@ -643,33 +586,18 @@ def gemv(
     ws.check(cfg.split_k, MAX_M, n, tiles, cfg)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     preload = preload and (cfg.split_k - 1) * k_per_split < k  # every split has a first tile
-    quant = {}
-    if amax_out is not None:
-        assert gated and amax_out.shape == (m, tiles) and amax_out.dtype == torch.float32
-    if x_amax is not None:
-        assert x_scale is None and weight_scale is not None and weight.dtype != x.dtype
-        amax_cols = k // x_amax.shape[1]
-        if amax_cols * x_amax.shape[1] != k or cfg.block_k % amax_cols or x_amax.stride(1) != 1:
-            raise ValueError(f"absmax per {k}/{x_amax.shape[1]} columns do not tile {cfg}")
-        from qwick.quantization.w8a8 import _INV_QMAX, _MIN_AMAX, _QMAX
-
-        quant = dict(
-            X_QUANT=True, AMAX_COLS=amax_cols, QMAX=_QMAX[weight.dtype], INV_QMAX=_INV_QMAX[weight.dtype],
-            MIN_AMAX=_MIN_AMAX,
-        )  # fmt: skip
-    if out_codes is not None:  # gated: the output's codes and scales per group too (`_group_codes_tail`)
-        q, qs, group = out_codes
-        half = cfg.block_n // 2
-        assert gated and q.shape == (m, n // 2) and qs.shape == (m, triton.cdiv(n // 2, group))
-        if group % half or group & (group - 1) or qs.stride(1) != 1 or q.stride(1) != 1:
-            raise ValueError(f"codes in groups of {group} outputs from tiles of {half}: {cfg}")
-        ws.check(2, 1, 1, triton.cdiv(n // 2, group), cfg)  # one counter per group
-        from qwick.quantization.w8a8 import _INV_QMAX, _MIN_AMAX, _QMAX
-
-        quant = dict(CODES_GROUP=group, QMAX=_QMAX[q.dtype], INV_QMAX=_INV_QMAX[q.dtype], MIN_AMAX=_MIN_AMAX)
-        if amax_out is None:
-            amax_out = torch.empty((m, tiles), dtype=torch.float32, device=x.device)
-    amax = amax_out if amax_out is not None else x_amax
+    codes, scales, meta = y, y, {}
+    amax = None
+    if out_quant is not None:  # the output's codes and scales per group too (`_group_codes_tail`)
+        group, half = out_quant.group, cfg.block_n // 2
+        if not gated or group is None or group % half or group & (group - 1):
+            raise ValueError(
+                f"a gated GEMV's codes in groups of {group}: its tiles of {half} outputs must divide them"
+            )
+        if triton.cdiv(n // 2, group) >= ws.counters.numel():
+            raise ValueError(f"too few split-K counters for {n // 2} outputs in groups of {group}")
+        codes, scales, meta = code_buffers(y, out_quant)
+        amax = torch.empty((m, tiles), dtype=torch.float32, device=x.device)  # scratch: each tile's absmax
     _gemv_kernel[(tiles, cfg.split_k)](
         x,
         weight,
@@ -680,8 +608,8 @@ def gemv(
         ws.partials,
         ws.counters,
         amax if amax is not None else weight,
-        out_codes[0] if out_codes is not None else weight,
-        out_codes[1] if out_codes is not None else weight,
+        codes,
+        scales,
         m,
         n,
         k,
@@ -690,8 +618,8 @@ def gemv(
         y.stride(0),
         x_scale.stride(0) if x_scale is not None else 0,
         amax.stride(0) if amax is not None else 0,
-        out_codes[0].stride(0) if out_codes is not None else 0,
-        out_codes[1].stride(0) if out_codes is not None else 0,
+        codes.stride(0),
+        scales.stride(0),
         HAS_SCALE=weight_scale is not None,
         X_CODES=x_scale is not None,
         X_GROUP=x_group or 0,
@@ -707,10 +635,10 @@ def gemv(
         TRIGGER=trigger and pdl_supported(x.device),
         TRIGGER_START=trigger and trigger_at_start and pdl_supported(x.device),
         SCALES_FIRST=SCALES_FIRST,
-        AMAX_OUT=amax_out is not None,
-        **quant,
+        CODES_GROUP=out_quant.group if out_quant is not None else 0,
+        **meta,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if preload and pdl_supported(x.device) else {}),
     )
-    return y
+    return y if out_quant is None else QuantizedRows(y, codes, scales, out_quant.group)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwick.kernels.codes import codes_of
+from qwick.kernels.codes import codes_of, inv_qmax
 from qwick.kernels.gemv import GemvWorkspace, load_k_tiles, m_tile_split_k_epilogue
 
 
@@ -158,11 +158,6 @@ def _quantize_rows_kernel(
         ok = offs < end
         x = tl.load(x_row + offs, mask=ok, other=0.0).to(tl.float32)
         tl.store(q_row + offs, codes_of(x, scale, QMAX, IS_INT).to(q_ptr.dtype.element_ty), mask=ok)
-
-
-def inv_qmax(qmax: float) -> float:
-    """fp32(1 / qmax) as a Python float: the factor torch's CUDA `tensor / qmax` multiplies by."""
-    return float(torch.tensor(1.0, dtype=torch.float32) / qmax)
 
 
 def quantize_rows(

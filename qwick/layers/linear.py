@@ -41,16 +41,6 @@ class QuantizedRows:
     group: int | None = None  # the `RowQuant.group` the codes were made with
 
 
-@dataclass
-class AbsmaxRows:
-    """An input x [M, K] with the absmax of every K / amax.shape[1] columns of each row (fp32 [M, K / c]),
-    written by the kernel that made x (a gated W8A8 GEMV), so that the consuming W8A8 GEMV quantizes x's
-    tiles itself with no row-wide reduction of its own (`qwick.kernels.gemv`'s `x_amax`)."""
-
-    x: torch.Tensor
-    amax: torch.Tensor
-
-
 @dataclass(frozen=True)
 class HalfPairs:
     """The operand of the batch-1 int4 GEMV in packed fp16 (`qwick.kernels.row_gemv_half2`), asked for with
@@ -253,8 +243,8 @@ class Linear(nn.Module):
         # one-row launch may let it in at its start (`pdl_qkv_start` of the int4 and W8A8 methods).
         self.precedes_attention = False
 
-    def forward(self, x: torch.Tensor | QuantizedRows | PairedRows | AbsmaxRows) -> torch.Tensor:
-        if isinstance(x, (QuantizedRows, PairedRows, AbsmaxRows)):
+    def forward(self, x: torch.Tensor | QuantizedRows | PairedRows) -> torch.Tensor:
+        if isinstance(x, (QuantizedRows, PairedRows)):
             return self.method.apply_quantized(self, x)
         return self.method.apply(self, x)
 

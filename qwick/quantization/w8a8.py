@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwick.layers.linear import AbsmaxRows, Linear, LinearMethod, QuantizedRows, RowQuant, linear
+from qwick.layers.linear import Linear, LinearMethod, QuantizedRows, RowQuant, linear
 from qwick.quantization.formats import cpu_int4
 
 logger = logging.getLogger(__name__)
@@ -178,18 +178,12 @@ class W8A8LinearMethod(LinearMethod):
     # (`Linear.precedes_attention`); figures beside `DECODE_PRELOAD` (40th session).
     pdl_qkv_start = True
     # One decode row's SiLU-and-mul in the gate/up GEMV's epilogue (`gemv(..., gated=True)`), so that the
-    # SiLU-and-mul launch (1.8 us a layer on the 42nd session's fp8 critical path, H100) leaves the layer.
-    # The down projection's codes then come one of two ways:
-    # - "codes": the last gate/up tile of each 512 outputs to finish writes their codes and scale, the
-    #   bits SiLU-and-mul writes (`gemv(..., out_codes=...)`), so the same tokens; its loop is the plain
-    #   launch's (sm_90 SASS: the same 32 ldmatrix and 30 cp.async, 80-96 registers against 80-88);
-    # - "absmax": each tile writes the absmax of its outputs, and the down GEMV quantizes its own tiles
-    #   (one scale per row and 256 columns, `AbsmaxRows`), at the cost of arithmetic in its loop (sm_90
-    #   SASS, Triton 3.6: 1840 / 1488 instructions (fp8 / int8) against 1096 / 824, 146-153 registers
-    #   against 94-110: `benchmarks/ptx_counts.py`).
-    # None: SiLU-and-mul apart. Off until timed (`gpu_session.sh gatedmlp`: no GPU could be had in the
-    # 51st session).
-    gated_decode: str | None = None
+    # SiLU-and-mul launch (1.8 us a layer on the 42nd session's fp8 critical path, H100) leaves the layer:
+    # the last gate/up tile of each 512 outputs to finish writes the down projection's codes and scale,
+    # the bits SiLU-and-mul writes (`gemv(..., out_quant=...)`), so the same tokens. Its loop is the plain
+    # launch's (sm_90 SASS, Triton 3.6: the same 32 ldmatrix and 30 cp.async; 80-96 registers against
+    # 80-88). Off until timed (`gpu_session.sh gatedmlp`: no GPU could be had in the 51st session).
+    gated_decode = False
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
@@ -433,7 +427,7 @@ class W8A8LinearMethod(LinearMethod):
         return self.row_quant
 
     def _early_gemv(self, layer: Linear, x: torch.Tensor, rows: torch.Tensor, **kwargs) -> torch.Tensor:
-        """The skinny GEMV of `x` (codes, or values with `x_amax`) against the layer's codes; one decode row
+        """The skinny GEMV of the activation codes `x` against the layer's codes; one decode row
         (`rows`: x's values) launched early with `pdl_norm` (`qwick.kernels.pdl`)."""
         from qwick.kernels.gemv import gemv
         from qwick.kernels.pdl import pdl_supported
@@ -453,13 +447,11 @@ class W8A8LinearMethod(LinearMethod):
 
     def apply_gated(
         self, layer: Linear, x: torch.Tensor | QuantizedRows, quant: RowQuant | None
-    ) -> QuantizedRows | AbsmaxRows | None:
+    ) -> QuantizedRows | None:
         """With `gated_decode`, one decode row that comes with its codes, for a down projection that takes
-        codes too (`quant` with groups, this method's type): the W8A8 gate/up GEMV with SiLU-and-mul in its
-        epilogue, and the codes `quant` asks for ("codes") or each tile's absmax ("absmax")."""
-        if self.gated_decode not in ("codes", "absmax"):
-            return None
-        if not (isinstance(x, QuantizedRows) and x.group is None):
+        group-scaled codes (`quant`, of this method's type): the W8A8 gate/up GEMV with SiLU-and-mul and
+        the codes `quant` asks for in its own launch."""
+        if not (self.gated_decode and isinstance(x, QuantizedRows) and x.group is None):
             return None
         if not (isinstance(quant, RowQuant) and quant.group is not None and quant.dtype == self.qdtype):
             return None
@@ -470,40 +462,13 @@ class W8A8LinearMethod(LinearMethod):
             return None
         n, k = layer.weight.shape
         cfg = self.workspace.config_for(1, n, k, 1, codes=True)
-        if cfg.split_k != 1 or cfg.block_n % 2 or n % 2:
+        if cfg.split_k != 1 or cfg.block_n % 2 or n % 2 or quant.group % (cfg.block_n // 2):
             return None
-        amax = torch.empty((1, -(-n // cfg.block_n)), dtype=torch.float32, device=rows.device)
-        out_codes = None
-        if self.gated_decode == "codes":
-            if quant.group % (cfg.block_n // 2):
-                return None
-            codes = torch.empty((1, n // 2), dtype=self.qdtype, device=rows.device)
-            scales = torch.empty((1, -(-n // 2 // quant.group)), dtype=torch.float32, device=rows.device)
-            out_codes = (codes, scales, quant.group)
-        h = self._early_gemv(
-            layer, x.codes, rows, x_scale=x.scales, out_dtype=rows.dtype, gated=True, amax_out=amax,
-            out_codes=out_codes,
-        )  # fmt: skip
-        if out_codes is not None:
-            return QuantizedRows(h, out_codes[0], out_codes[1], quant.group)
-        return AbsmaxRows(h, amax)
+        return self._early_gemv(
+            layer, x.codes, rows, x_scale=x.scales, out_dtype=rows.dtype, gated=True, out_quant=quant
+        )
 
-    def _apply_absmax(self, layer: Linear, x: AbsmaxRows) -> torch.Tensor:
-        """An input that comes with its absmax per c columns (`apply_gated`): the skinny W8A8 GEMV quantizes
-        its tiles itself, where c divides its tile depth; otherwise `apply`."""
-        rows = x.x
-        n, k = layer.weight.shape
-        if rows.dim() != 2 or not (self._skinny(rows) and self._per_token_cuda(layer, rows)):
-            return self.apply(layer, rows)
-        cfg = self.workspace.config_for(rows.shape[0], n, k, 1, codes=True)
-        cols = k // x.amax.shape[1]
-        if cols * x.amax.shape[1] != k or cfg.block_k % cols:
-            return self.apply(layer, rows)
-        return self._early_gemv(layer, rows, rows, x_amax=x.amax)
-
-    def apply_quantized(self, layer: Linear, x: QuantizedRows | AbsmaxRows) -> torch.Tensor:
-        if isinstance(x, AbsmaxRows):
-            return self._apply_absmax(layer, x)
+    def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
         if x.x.dim() != 2 or not self._per_token_cuda(layer, x.x):
             return self.apply(layer, x.x)
         if x.group is not None and not self._skinny(x.x):  # group scales: only the skinny GEMM takes them

@@ -383,8 +383,10 @@ def test_gemv_with_group_scaled_codes(qdtype, n, k, m):
 def test_gated_w8a8_gemv_writes_silu_and_muls_group_codes(qdtype, inter, k, m):
     """`gemv(..., gated=True, out_codes=...)`: the last tile of each group of outputs to finish writes the
     group's codes and scale, bit for bit what `silu_and_mul_quant` with groups writes from the plain GEMV
-    (a partial last group under the interpreter), twice in a row (the group counters reset themselves);
-    groups that tiles do not divide are refused."""
+    (a partial last group under the interpreter), twice in a row (the group counters reset themselves),
+    launched early or not; groups that tiles do not divide, and codes of an ungated GEMV, are refused."""
+    from dataclasses import replace
+
     from qwick.kernels.elementwise import silu_and_mul_quant
     from qwick.kernels.gemv import GemvConfig, gemv
     from qwick.layers.linear import RowQuant
@@ -396,77 +398,18 @@ def test_gated_w8a8_gemv_writes_silu_and_muls_group_codes(qdtype, inter, k, m):
     cfg = ws.config_for(m, 2 * inter, k, 1, codes=True) if not INTERPRET else GemvConfig(32, 128, 1)
     group = 32 if INTERPRET else 512
     quant = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, group)
-    for _ in range(2):
+    for early in (False, True):  # twice: the group counters reset themselves
         xq, xs = quantize_per_token(torch.randn(m, k, generator=gen, device=dev), qdtype)
         codes = dict(weight_scale=wscale, x_scale=xs, out_dtype=out_dtype)
         want = silu_and_mul_quant(gemv(xq, wq, bias, ws, cfg, **codes), quant)
-        q = torch.empty(m, inter, dtype=qdtype, device=dev)
-        s = torch.empty(m, -(-inter // group), device=dev)
-        h = gemv(xq, wq, bias, ws, cfg, **codes, gated=True, out_codes=(q, s, group))
-        assert torch.equal(h, want.x) and torch.equal(s, want.scales)
-        assert torch.equal(q.view(torch.uint8), want.codes.view(torch.uint8))
+        got = gemv(xq, wq, bias, ws, cfg, **codes, gated=True, out_quant=quant, preload=early, trigger=early)
+        assert got.group == group and torch.equal(got.x, want.x) and torch.equal(got.scales, want.scales)
+        assert torch.equal(got.codes.view(torch.uint8), want.codes.view(torch.uint8))
         assert int(ws.counters.abs().sum()) == 0
-    with pytest.raises(ValueError, match="groups of"):
-        gemv(xq, wq, bias, ws, cfg, **codes, gated=True, out_codes=(q, s[:, :1], inter))
-
-
-def _codes_by_reciprocal(x: torch.Tensor, qdtype: torch.dtype, group: int) -> tuple[torch.Tensor, ...]:
-    """`quantize_per_token_group`'s scales, and codes made as the GEMV that quantizes its own tiles makes
-    them: x times the scale's fp32 reciprocal (not x / scale), rounded half to even, saturated."""
-    from qwick.quantization.w8a8 import qmax
-
-    m, k = x.shape
-    _, scales = quantize_per_token_group(x, qdtype, group)
-    groups = scales.shape[1]
-    xf = torch.nn.functional.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
-    q = xf * (1.0 / scales)[..., None]
-    if qdtype == torch.int8:
-        q = q.round()
-    q = q.clamp(-qmax(qdtype), qmax(qdtype)).to(qdtype).view(m, groups * group)[:, :k]
-    return q.contiguous(), scales
-
-
-@pytest.mark.interpret
-@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
-@pytest.mark.parametrize("inter,k", [(80, 512)] if INTERPRET else [(18944, 3584), (13824, 5120)])
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("early", [False, True])
-def test_gated_w8a8_gemv_and_a_down_gemv_that_quantizes_its_tiles(qdtype, inter, k, m, early):
-    """The W8A8 gate/up GEMV with SiLU-and-mul in its epilogue (`gated`) writes `silu_and_mul` of the plain
-    GEMV bit for bit, and with `amax_out` the absmax of each tile's outputs; the down GEMV given those
-    (`x_amax`) gives the bits of the one on codes made per tile depth (`x_group`) with
-    `quantize_per_token_group`'s scales (the codes by the scale's reciprocal), split-K and launched early or
-    not; absmax columns that do not divide its tiles are
-    refused. (The 7b and 14b MLPs on GPUs, at their default launches.)"""
-    from qwick.kernels.elementwise import silu_and_mul
-    from qwick.kernels.gemv import GemvConfig, gemv
-
-    if INTERPRET and qdtype == FP8_DTYPE:
-        pytest.skip("the interpreter's fp32 -> fp8 conversion is wrong near powers of two (127.9 -> 64)")
-    dev, out_dtype, _, ws, gen, wq, wscale, bias, _ = _w8a8_gemv_case(qdtype, 2 * inter, k, m)
-    _, _, _, _, _, dq, dscale, dbias, _ = _w8a8_gemv_case(qdtype, k, inter, m)
-    up_cfg = ws.config_for(m, 2 * inter, k, 1, codes=True) if not INTERPRET else GemvConfig(32, 128, 1)
-    down_cfgs = [ws.config_for(m, k, inter, 1, codes=True)] if not INTERPRET else [GemvConfig(16, 128, 4)]
-    if INTERPRET:
-        down_cfgs.append(GemvConfig(32, 256, 1))
-    xq, xs = quantize_per_token(torch.randn(m, k, generator=gen, device=dev), qdtype)
-    codes = dict(weight_scale=wscale, x_scale=xs, out_dtype=out_dtype)
-    tiles = -(-2 * inter // up_cfg.block_n)
-    amax = torch.full((m, tiles), -1.0, device=dev)
-    h = gemv(xq, wq, bias, ws, up_cfg, **codes, gated=True, amax_out=amax, preload=early, trigger=early)
-    assert torch.equal(h, silu_and_mul(gemv(xq, wq, bias, ws, up_cfg, **codes)))
-    half = up_cfg.block_n // 2
-    padded = torch.nn.functional.pad(h.float().abs(), (0, tiles * half - inter))
-    assert torch.equal(amax, padded.view(m, tiles, half).amax(-1))
-    for cfg in down_cfgs:
-        y = gemv(h, dq, dbias, ws, cfg, weight_scale=dscale, x_amax=amax, preload=early, trigger=early)
-        hq, hs = _codes_by_reciprocal(h, qdtype, cfg.block_k)
-        want = gemv(hq, dq, dbias, ws, cfg, weight_scale=dscale, x_scale=hs, out_dtype=out_dtype,
-                    x_group=cfg.block_k)  # fmt: skip
-        assert y.dtype == out_dtype and torch.equal(y, want), cfg
-    with pytest.raises(ValueError, match="do not tile"):
-        gemv(h, dq, dbias, ws, GemvConfig(16, half // 2, 1), weight_scale=dscale, x_amax=amax)
-    assert int(ws.counters.abs().sum()) == 0
+    with pytest.raises(ValueError, match="must divide"):
+        gemv(xq, wq, bias, ws, cfg, **codes, gated=True, out_quant=replace(quant, group=cfg.block_n // 4))
+    with pytest.raises(ValueError, match="must divide"):
+        gemv(xq, wq, bias, ws, cfg, **codes, out_quant=quant)  # not gated
 
 
 @pytest.mark.interpret

@@ -155,18 +155,19 @@ def _same_logits_with_switches(
     monkeypatch,
     switch: Callable[[bool], None],
     marked: Callable[[dict], bool],
-    backend_flag: str,
+    backend_flag: str | None,
+    **model_overrides,
 ) -> None:
     """A tiny bf16 model's decode logits (CUDA graphs on) with `switch(False)`, then `switch(True)`: the
     same bits; `marked(kwargs)` holds of some skinny-GEMM launch only in the second run, and the attention
-    backend's `backend_flag` is on only then."""
+    backend's `backend_flag` (if any) is on only then. `model_overrides`: the tiny model's config."""
     from qwick.kernels import gemv as gemv_module
     from qwick.kernels.pdl import pdl_supported
 
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without a GPU")
     assert pdl_supported(torch.device("cuda")), "the chain needs a GPU with programmatic dependent launch"
-    make_tiny_model("qwen2", str(tmp_path))
+    make_tiny_model("qwen2", str(tmp_path), **model_overrides)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     seen = []
     real = gemv_module.gemv
@@ -182,7 +183,8 @@ def _same_logits_with_switches(
         llm = LLM(
             str(tmp_path), dtype="bfloat16", quantization=mode, num_gpu_blocks_override=64, max_model_len=128
         )
-        assert getattr(llm.llm_engine.core.runner.backend, backend_flag) is on
+        if backend_flag is not None:
+            assert getattr(llm.llm_engine.core.runner.backend, backend_flag) is on
         recorder = LogitsRecorder(llm)
         out = llm.generate([list(range(3, 23))], params, use_tqdm=False)[0]
         logits.append(torch.stack(recorder.by_request[out.request_id]))
@@ -230,47 +232,20 @@ def test_attention_preload_chain_changes_nothing(mode, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
-@pytest.mark.parametrize("gated", ["codes", "absmax"])
-def test_gated_decode_row(mode, gated, tmp_path, monkeypatch):
+def test_gated_decode_row_changes_nothing(mode, tmp_path, monkeypatch):
     """`W8A8LinearMethod.gated_decode` off, then on: one decode row's SiLU-and-mul in the W8A8 gate/up
-    GEMV, whose last tile of each group writes the down projection's codes ("codes": the same logits bit
-    for bit) or whose per-tile absmax lets the down GEMV quantize its own tiles ("absmax": one scale per
-    256 columns where SiLU-and-mul wrote one per 512; each decode step's logits within 5%). A tiny bf16
-    model with an intermediate size of 8192 (gate/up in one split), its down projection counted as long;
-    CUDA graphs on. The prompt's logits are the same bits (no decode row there), and the gated launch ran
-    in the second run only."""
-    from qwick.kernels import gemv as gemv_module
+    GEMV, whose last tile of each group writes the down projection's codes. A tiny bf16 model with an
+    intermediate size of 8192 (gate/up in one split), its down projection counted as long (group-scaled
+    codes); CUDA graphs on. The same logits bit for bit, and the gated launch ran in the second run only."""
     from qwick.quantization.w8a8 import W8A8LinearMethod
 
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test run without a GPU")
-    make_tiny_model("qwen2", str(tmp_path), intermediate_size=8192)
     monkeypatch.setattr(W8A8LinearMethod, "decode_w8a8_max_k", 4096)
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    seen = []
-    real = gemv_module.gemv
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("gated", False) and kwargs.get("x_scale") is not None)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(gemv_module, "gemv", spy)
-    logits = []
-    for on in (None, gated):
-        monkeypatch.setattr(W8A8LinearMethod, "gated_decode", on)
-        llm = LLM(
-            str(tmp_path), dtype="bfloat16", quantization=mode, num_gpu_blocks_override=64, max_model_len=128
-        )
-        recorder = LogitsRecorder(llm)
-        out = llm.generate([list(range(3, 23))], params, use_tqdm=False)[0]
-        logits.append(torch.stack(recorder.by_request[out.request_id]).float())
-        del llm
-        assert any(seen) is (on is not None)
-        seen.clear()
-    off, on = logits
-    if gated == "codes":
-        assert torch.equal(off, on)
-        return
-    assert torch.equal(off[0], on[0])
-    for step in range(1, off.shape[0]):
-        assert ((on[step] - off[step]).norm() / off[step].norm()).item() < 5e-2, step
+    _same_logits_with_switches(
+        mode,
+        tmp_path,
+        monkeypatch,
+        lambda on: monkeypatch.setattr(W8A8LinearMethod, "gated_decode", on),
+        lambda kw: kw.get("gated", False) and kw.get("out_quant") is not None,
+        None,
+        intermediate_size=8192,
+    )
