@@ -61,9 +61,6 @@
 #   bash benchmarks/gpu_session.sh gatedmlp  # SiLU-and-mul in the W8A8 gate/up GEMV, its tail writing
 #                                            # the down projection's codes: tests, fp8 / int8 batch 1
 #                                            # without it and with it (REPS_LIST)
-#   bash benchmarks/gpu_session.sh scales    # the 8-bit GEMVs reading their scales before the wait or
-#                                            # the loop (`SCALES_FIRST`, off: -0.6% for int8 on an
-#                                            # H100): tests, fp8 / int8 batch 1 without it and with it
 #   bash benchmarks/gpu_session.sh normw     # RMSNorm reading its weight with x, not after the row's sum
 #                                            # (`NORM_WEIGHT_WITH_X`, on: int4 +0.5% on an H100): tests, fp8 /
 #                                            # int8 / int4 batch 1 with it and without, alternating
@@ -1075,18 +1072,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
   widetiles)  # the f16x2 int4 GEMV in 64-word tiles beside the default 32 (`benchmarks/int4_wide_tiles.py`,
     # CUDA graphs over L2-overflowing copies): one bar.sync pair a program per 1,024 code bytes, not 512
     python benchmarks/int4_wide_tiles.py "$OUT/int4_wide_tiles.json" 2>&1 | grep -v Warning
-    ;;
-  scales)  # the 8-bit GEMVs reading their scales before the wait or the loop (`gemv.SCALES_FIRST`, off: on an
-    # H100 in the 43rd session fp8 the same, int8 -0.6%): the W8A8 kernel tests, then fp8 and int8 batch 1
-    # with the default order and with it, alternating (REPS_LIST)
-    python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
-      tests/kernels/test_row_gemv_w8.py tests/kernels/test_gemv.py 2>&1 | tail -3
-    ON="import sys; import qwick.kernels.gemv as G; G.SCALES_FIRST = True
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    for q in fp8 int8; do
-      alternate "b1_${q}_scales_off" "b1_${q}_scales" "$ON" bench latency --num-iters 3 --shape qwen2.5-7b \
-        $SHORT --quantization $q
-    done
     ;;
   gatedmlp)  # one decode row's SiLU-and-mul in the W8A8 gate/up GEMV, its last tile of each group writing
     # the down projection's codes (`W8A8LinearMethod.gated_decode`, off until timed): its GPU tests, then

@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.getcwd())
-from qwick.kernels.gemv import SCALES_FIRST, _gemv_kernel  # noqa: E402
+from qwick.kernels.gemv import _gemv_kernel  # noqa: E402
 from qwick.kernels.row_gemv_half2 import DOT4_ASM, PAIRED, _w4_half2_kernel  # noqa: E402
 from qwick.kernels.row_gemv_w8 import _w8_row_kernel  # noqa: E402
 from qwick.kernels.w4a16 import _w4_tiles_kernel  # noqa: E402
@@ -143,7 +143,7 @@ def gemv(
     int_dot = codes and weight == "int8"  # as `gemv` launches int8 codes, with groups too
     const = dict(HAS_SCALE=True, X_CODES=codes, X_GROUP=x_group, INT_DOT=int_dot, HAS_BIAS=False)
     const |= dict(SPLIT_K=split, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even_k)
-    const |= dict(PRELOAD=codes, TRIGGER=codes, SCALES_FIRST=SCALES_FIRST)  # as `gemv` launches it
+    const |= dict(PRELOAD=codes, TRIGGER=codes)  # as `gemv` launches it
     if codes_group:
         qmax = _QMAX[{"fp8": torch.float8_e4m3fn, "int8": torch.int8}[weight]]
         const |= dict(GATED=True, CODES_GROUP=codes_group, QMAX=qmax, INV_QMAX=inv_qmax(qmax))
@@ -158,7 +158,6 @@ def w8row():
     sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16"}
     sig |= {"ws_ptr": "*fp32", "counter_ptr": "*i32", "N": "i32", "K": "i32", "stride_wn": "i32"}
     const = dict(HAS_BIAS=False, SPLIT_K=4, PREFETCH=False, BLOCK_N=16, BLOCK_K=256, PRELOAD=True)
-    const |= dict(SCALES_FIRST=SCALES_FIRST)
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_wn"]
     return compile_ptx(_w8_row_kernel, sig, const, div, 4, 1)
 

@@ -38,8 +38,8 @@ MAX_M = 16  # rows handled by these kernels; larger batches go to cuBLAS
 # 3.6, compiled offline) those loads come after the last tile, a dependent trip to memory in the tail of
 # every program. The same products, but no faster: batch 1 on one H100 (43rd session, BENCHMARKS.md), fp8
 # 329.3 / 329.8 / 329.3 decode tok/s with it against 330.3 / 329.6 / 329.7 without, int8 324.3 / 324.1 /
-# 324.3 against 326.5 / 325.7 / 325.8 (-0.6%; gate/up's registers go 80 -> 96). Off.
-SCALES_FIRST = False
+# 324.3 against 326.5 / 325.7 / 325.8 (-0.6%; gate/up's registers go 80 -> 96). It was removed in the
+# 52nd session (`SCALES_FIRST`, commit 9d433fe has it).
 # The down projection's activation scales (one per 512 columns) were also read a tile ahead of their use in
 # the 44th session: the scale's load sat right before the FMAs that apply it in the PTX, but no gain on an
 # H200 (45th session, batch 1: fp8 422.4 against 422.8 and 423.3, int8 417.4 against 416.3), so it went.
@@ -82,7 +82,6 @@ def _gemv_kernel(
     PRELOAD: tl.constexpr = False,
     TRIGGER: tl.constexpr = False,
     TRIGGER_START: tl.constexpr = False,
-    SCALES_FIRST: tl.constexpr = False,
     CODES_GROUP: tl.constexpr = 0,
     QMAX: tl.constexpr = 0.0,
     INV_QMAX: tl.constexpr = 0.0,
@@ -93,11 +92,9 @@ def _gemv_kernel(
     second half the up rows of the same outputs, and y [M, N / 2] is silu(gate) * up (`gated_store`).
     PRELOAD (launched early, `qwick.kernels.pdl`): the split's first weight tile is loaded before
     `pdl_wait`, and its product is the loop's first; TRIGGER: `pdl_trigger` once past the loop, or with
-    TRIGGER_START at the program's start. SCALES_FIRST (`SCALES_FIRST`): the weight's scales are read
-    before the wait (or the loop) and the activations' per-row scales after the wait, not past the loop;
-    the same products. CODES_GROUP (GATED): each tile also writes the absmax of its BLOCK_N / 2 outputs of
-    every row (`amax_ptr`, scratch [M, N / BLOCK_N]), and the last tile of each CODES_GROUP outputs to
-    finish writes their codes (`q_ptr`) and scales (`qs_ptr`; `_group_codes_tail`)."""
+    TRIGGER_START at the program's start. CODES_GROUP (GATED): each tile also writes the absmax of its
+    BLOCK_N / 2 outputs of every row (`amax_ptr`, scratch [M, N / BLOCK_N]), and the last tile of each
+    CODES_GROUP outputs to finish writes their codes (`q_ptr`) and scales (`qs_ptr`; `_group_codes_tail`)."""
     if TRIGGER_START and not _EMULATE:
         pdl_trigger()
     pid_n = tl.program_id(0)
@@ -117,19 +114,13 @@ def _gemv_kernel(
     x_rows = x_ptr + rm[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT_DOT and X_GROUP == 0 else tl.float32)
     k_loop = k_start
-    early_scales: tl.constexpr = SCALES_FIRST and HAS_SCALE
-    early_x_scales: tl.constexpr = SCALES_FIRST and X_CODES and X_GROUP == 0
     # PRELOAD: the weights (and their scales) before the wait; the activations (and theirs) after it. (The
     # preloaded tile's products added past the loop, so that the pipeline's first loads issue right after
     # the wait, lost 8-10% of fp8 batch 1 on an H100 (45th session): its registers, held through the loop.)
     if PRELOAD:
         w = load_w_tile(w_rows, k_start + rk, k_end, n_ok, EVEN_K)
-    if early_scales:
-        w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
     if PRELOAD and not _EMULATE:
         pdl_wait()
-    if early_x_scales:
-        x_scale = tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)
     xs_rows = xs_ptr + rm * stride_xs  # each row's activation scales
     if PRELOAD:
         x = load_x_tile(x_rows, k_start + rk, k_end, m_ok, EVEN_K)
@@ -141,13 +132,9 @@ def _gemv_kernel(
     if TRIGGER and not TRIGGER_START and not _EMULATE:  # the next kernel may launch once every program
         pdl_trigger()  # is past its loop
     acc = acc.to(tl.float32)
-    if early_scales:
-        acc *= w_scale[None, :]
-    elif HAS_SCALE:  # per-output-channel scales of 8-bit weights
+    if HAS_SCALE:  # per-output-channel scales of 8-bit weights
         acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    if early_x_scales:
-        acc *= x_scale[:, None]
-    elif X_CODES and X_GROUP == 0:  # per-row scales of the activation codes
+    if X_CODES and X_GROUP == 0:  # per-row scales of the activation codes
         acc *= tl.load(xs_ptr + rm * stride_xs, mask=m_ok, other=0.0)[:, None]
     if GATED:
         act = gated_store(
@@ -634,7 +621,6 @@ def gemv(
         PRELOAD=preload,
         TRIGGER=trigger and pdl_supported(x.device),
         TRIGGER_START=trigger and trigger_at_start and pdl_supported(x.device),
-        SCALES_FIRST=SCALES_FIRST,
         CODES_GROUP=out_quant.group if out_quant is not None else 0,
         **meta,
         num_warps=cfg.num_warps,

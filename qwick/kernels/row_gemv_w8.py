@@ -19,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-import qwick.kernels.gemv as gemv_module
 from qwick.kernels.gemv import GemvWorkspace, split_k_for
 from qwick.kernels.half2 import _EMULATE
 from qwick.kernels.pdl import pdl_supported, pdl_wait
@@ -46,12 +45,10 @@ def _w8_row_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRELOAD: tl.constexpr,
-    SCALES_FIRST: tl.constexpr = False,
 ):
     """y[0, n] = s[n] * sum_k w[n, k] * x[0, k] (+ b[n]); K is a multiple of BLOCK_K, so only rows are
     masked. PRELOAD (launched early, `qwick.kernels.pdl`; not with PREFETCH): the split's first two tiles
-    are loaded before `pdl_wait`, the loop does the rest, in the same order. SCALES_FIRST
-    (`qwick.kernels.gemv.SCALES_FIRST`): s is read with the first tiles, not past the loop."""
+    are loaded before `pdl_wait`, the loop does the rest, in the same order."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -68,8 +65,6 @@ def _w8_row_kernel(
         t1 = k_start + BLOCK_K + rk
         w0 = tl.load(w_rows + t0[None, :], mask=n_ok[:, None] & (t0 < k_end)[None, :], other=0.0)
         w1 = tl.load(w_rows + t1[None, :], mask=n_ok[:, None] & (t1 < k_end)[None, :], other=0.0)
-    if SCALES_FIRST:  # with the first tiles (before the wait), not past the loop
-        w_scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
     if PRELOAD:
         if not _EMULATE:
             pdl_wait()
@@ -91,10 +86,7 @@ def _w8_row_kernel(
         acc += w.to(tl.float32) * x[None, :]
         if PREFETCH:
             w = w_next
-    if SCALES_FIRST:
-        acc *= w_scale[:, None]
-    else:
-        acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[:, None]
+    acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[:, None]
     _row_epilogue(
         acc, b_ptr, y_ptr, ws_ptr, counter_ptr, rn, n_ok, pid_n, pid_k, N, HAS_BIAS, SPLIT_K, BLOCK_N
     )
@@ -161,7 +153,6 @@ def w8_row_gemv(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         PRELOAD=preload,
-        SCALES_FIRST=gemv_module.SCALES_FIRST,  # read at the call: the A/B patches the module
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if preload and pdl_supported(x.device) else {}),

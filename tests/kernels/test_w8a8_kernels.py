@@ -441,39 +441,6 @@ def test_preloaded_gemv_gives_the_same_bits(qdtype, n, k, group):
     assert int(ws.counters.abs().sum()) == 0
 
 
-@pytest.mark.interpret
-@pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
-def test_gemvs_read_their_scales_first_with_the_same_bits(qdtype, monkeypatch):
-    """`SCALES_FIRST` (off: no faster on an H100): the 8-bit GEMVs read the weight's scales before the wait
-    (or the loop) and the activations' per-row scales after the wait, not past the loop. Bit for bit the
-    other order's outputs: W8A8 codes per row and per 512 columns, W8A16, one row and four, launched early
-    or not, and the one-row GEMV on 8-bit codes (`w8_row_gemv`)."""
-    import qwick.kernels.gemv as G
-    from qwick.kernels.row_gemv_w8 import w8_row_gemv
-
-    n, k = (96, 1024) if INTERPRET else (4608, 3584)
-    dev, out_dtype, _, ws, gen, wq, wscale, bias, configs = _w8a8_gemv_case(qdtype, n, k, 1)
-    x = torch.randn(4, k, generator=gen, device=dev)
-    runs: list[list[torch.Tensor]] = []
-    for first in (True, False):
-        monkeypatch.setattr(G, "SCALES_FIRST", first)
-        outs = []
-        for m in (1, 4):
-            for group in (None, 512):
-                q = quantize_per_token if group is None else lambda t, d: quantize_per_token_group(t, d, 512)
-                xq, xs = q(x[:m], qdtype)
-                codes = dict(weight_scale=wscale, x_scale=xs, out_dtype=out_dtype, x_group=group)
-                for preload in (False, True):
-                    outs.append(G.gemv(xq, wq, bias, ws, configs[0], **codes, preload=preload))
-            outs.append(G.gemv(x[:m].to(out_dtype), wq, bias, ws, configs[0], weight_scale=wscale))
-        for preload in (False, True):
-            outs.append(w8_row_gemv(x[:1].to(out_dtype), wq, wscale, bias, ws, preload=preload))
-        runs.append(outs)
-    for new, old in zip(*runs, strict=True):
-        assert torch.equal(new, old)
-    assert int(ws.counters.abs().sum()) == 0
-
-
 QUANT_SHAPES = [(1, 300), (5, 2100)] if INTERPRET else [(1, 3584), (5, 300), (33, 18944)]
 
 
