@@ -59,8 +59,8 @@
 #   bash benchmarks/gpu_session.sh fusedsweep # one decode row's W8A8 MLP in one launch (the prototype,
 #                                            # benchmarks/fused_mlp_w8.py) against the three launches
 #   bash benchmarks/gpu_session.sh gatedmlp  # SiLU-and-mul in the W8A8 gate/up GEMV, its tail writing
-#                                            # the down projection's codes: tests, fp8 / int8 batch 1
-#                                            # without it and with it (REPS_LIST)
+#                                            # the down projection's codes (on for int8): tests, fp8 /
+#                                            # int8 batch 1 as they are and flipped (REPS_LIST)
 #   bash benchmarks/gpu_session.sh normw     # RMSNorm reading its weight with x, not after the row's sum
 #                                            # (`NORM_WEIGHT_WITH_X`, on: int4 +0.5% on an H100): tests, fp8 /
 #                                            # int8 / int4 batch 1 with it and without, alternating
@@ -1074,15 +1074,17 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
     python benchmarks/int4_wide_tiles.py "$OUT/int4_wide_tiles.json" 2>&1 | grep -v Warning
     ;;
   gatedmlp)  # one decode row's SiLU-and-mul in the W8A8 gate/up GEMV, its last tile of each group writing
-    # the down projection's codes (`W8A8LinearMethod.gated_decode`, off until timed): its GPU tests, then
-    # fp8 and int8 batch 1 without it and with it, alternating (REPS_LIST)
+    # the down projection's codes (`W8A8LinearMethod.gated_decode`, on for int8: +1.6% on an H100 in the
+    # 52nd session; off for fp8: -0.5%): its GPU tests, then fp8 and int8 batch 1 as they are and with the
+    # mode's switch flipped, alternating (REPS_LIST)
     python -m pytest -q -p no:cacheprovider tests/kernels/test_w8a8_kernels.py tests/quantization/test_w8a8_gpu.py \
       -k "gated_w8a8 or gated_decode" 2>&1 | tail -6
-    ON="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as W; W.gated_decode = True
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     for i in ${REPS_LIST:-1 2}; do
       for q in fp8 int8; do
-        REPS_LIST=$i alternate "b1_${q}_apart" "b1_${q}_gated" "$ON" bench latency --num-iters 3 \
+        FLIP="import sys, torch; from qwick.quantization.w8a8 import W8A8LinearMethod as W
+W.gated_decode = W.gated_decode ^ {torch.int8 if '$q' == 'int8' else torch.float8_e4m3fn}
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+        REPS_LIST=$i alternate "b1_${q}_default" "b1_${q}_flipped" "$FLIP" bench latency --num-iters 3 \
           --shape qwen2.5-7b $SHORT --quantization "$q"
       done
     done

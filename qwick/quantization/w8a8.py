@@ -180,10 +180,13 @@ class W8A8LinearMethod(LinearMethod):
     # One decode row's SiLU-and-mul in the gate/up GEMV's epilogue (`gemv(..., gated=True)`), so that the
     # SiLU-and-mul launch (1.8 us a layer on the 42nd session's fp8 critical path, H100) leaves the layer:
     # the last gate/up tile of each 512 outputs to finish writes the down projection's codes and scale,
-    # the bits SiLU-and-mul writes (`gemv(..., out_quant=...)`), so the same tokens. Its loop is the plain
-    # launch's (sm_90 SASS, Triton 3.6: the same 32 ldmatrix and 30 cp.async; 80-96 registers against
-    # 80-88). Off until timed (`gpu_session.sh gatedmlp`: no GPU could be had in the 51st session).
-    gated_decode = False
+    # the bits SiLU-and-mul writes (`gemv(..., out_quant=...)`), so the same tokens. On for the code types
+    # listed. H100, 7b shapes, batch 1, three alternating pairs in two calls (52nd session): int8 336.96,
+    # 336.97 and 337.04 decode tok/s against 331.74, 331.87 and 331.87 without (+1.6%); fp8 335.71,
+    # 335.53 and 335.73 against 336.94, 337.49 and 337.44 (-0.5%). In the sm_90 SASS (Triton 3.6) the
+    # gated launch's loop is the plain one's; its registers go 88 -> 80 for int8 but 80 -> 96 for fp8,
+    # whose codes also take more instructions to make (1288 in all against int8's 1064).
+    gated_decode: frozenset[torch.dtype] = frozenset({torch.int8})
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
     # the H200 at qwen2.5-7b's down projection it takes 34 / 32 / 34 us at M = 17 / 32 / 64 against
@@ -448,10 +451,10 @@ class W8A8LinearMethod(LinearMethod):
     def apply_gated(
         self, layer: Linear, x: torch.Tensor | QuantizedRows, quant: RowQuant | None
     ) -> QuantizedRows | None:
-        """With `gated_decode`, one decode row that comes with its codes, for a down projection that takes
-        group-scaled codes (`quant`, of this method's type): the W8A8 gate/up GEMV with SiLU-and-mul and
-        the codes `quant` asks for in its own launch."""
-        if not (self.gated_decode and isinstance(x, QuantizedRows) and x.group is None):
+        """With this method's code type in `gated_decode`, one decode row that comes with its codes, for a
+        down projection that takes group-scaled codes (`quant`, of this method's type): the W8A8 gate/up
+        GEMV with SiLU-and-mul and the codes `quant` asks for in its own launch."""
+        if not (self.qdtype in self.gated_decode and isinstance(x, QuantizedRows) and x.group is None):
             return None
         if not (isinstance(quant, RowQuant) and quant.group is not None and quant.dtype == self.qdtype):
             return None

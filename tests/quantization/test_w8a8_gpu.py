@@ -233,18 +233,20 @@ def test_attention_preload_chain_changes_nothing(mode, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
 def test_gated_decode_row_changes_nothing(mode, tmp_path, monkeypatch):
-    """`W8A8LinearMethod.gated_decode` off, then on: one decode row's SiLU-and-mul in the W8A8 gate/up
-    GEMV, whose last tile of each group writes the down projection's codes. A tiny bf16 model with an
-    intermediate size of 8192 (gate/up in one split), its down projection counted as long (group-scaled
-    codes); CUDA graphs on. The same logits bit for bit, and the gated launch ran in the second run only."""
-    from qwick.quantization.w8a8 import W8A8LinearMethod
+    """`W8A8LinearMethod.gated_decode` without, then with the mode's code type: one decode row's SiLU-and-mul
+    in the W8A8 gate/up GEMV, whose last tile of each group writes the down projection's codes (on for int8
+    by default, off for fp8). A tiny bf16 model with an intermediate size of 8192 (gate/up in one split),
+    its down projection counted as long (group-scaled codes); CUDA graphs on. The same logits bit for bit,
+    and the gated launch ran in the second run only."""
+    from qwick.quantization.w8a8 import FP8_DTYPE, W8A8LinearMethod
 
+    codes = frozenset({FP8_DTYPE if mode == "fp8" else torch.int8})
     monkeypatch.setattr(W8A8LinearMethod, "decode_w8a8_max_k", 4096)
     _same_logits_with_switches(
         mode,
         tmp_path,
         monkeypatch,
-        lambda on: monkeypatch.setattr(W8A8LinearMethod, "gated_decode", on),
+        lambda on: monkeypatch.setattr(W8A8LinearMethod, "gated_decode", codes if on else frozenset()),
         lambda kw: kw.get("gated", False) and kw.get("out_quant") is not None,
         None,
         intermediate_size=8192,
