@@ -1,6 +1,7 @@
 """Where a batch-1 decode step's time goes at a real shape: graph replay, logits, sampler, host.
 
-Env: QUANT=fp8|int8|int4 (weights), DECODE_W8A8=0 (8-bit decode as W8A16), BATCHES=8,16,64 (step times
+Env: QUANT=fp8|int8|int4 (weights), DECODE_W8A8=0 (8-bit decode as W8A16), GATED_DECODE=0|1 (with
+QUANT=fp8|int8: `W8A8LinearMethod.gated_decode` without or with QUANT's codes), BATCHES=8,16,64 (step times
 at larger batches; empty skips them), GEMV_TABLE (a JSON of launch shapes), OUT (a Chrome trace, then
 per launch shape its mean time and what it adds to the step: `benchmarks/critical_path.py`)."""
 
@@ -41,6 +42,12 @@ if os.environ.get("DECODE_W8A8") == "0":  # fp8 / int8 decode as W8A16 everywher
     from qwick.quantization.w8a8 import W8A8LinearMethod
 
     W8A8LinearMethod.decode_w8a8 = False
+gated = os.environ.get("GATED_DECODE")
+if gated:
+    from qwick.quantization.w8a8 import FP8_DTYPE, W8A8LinearMethod
+
+    codes = {"fp8": FP8_DTYPE, "int8": torch.int8}[os.environ["QUANT"]]
+    W8A8LinearMethod.gated_decode = frozenset({codes}) if gated == "1" else frozenset()
 llm = LLM(
     model_dir_for_shape(shape),
     load_format="dummy",
@@ -122,7 +129,8 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
 out = os.environ.get("OUT")
 if out:
-    trace = os.path.join(out, f"trace_{shape}_{os.environ.get('QUANT') or 'bf16'}.json")
+    tag = f"_gated{gated}" if gated else ""
+    trace = os.path.join(out, f"trace_{shape}_{os.environ.get('QUANT') or 'bf16'}{tag}.json")
     prof.export_chrome_trace(trace)
     # per launch shape: the same kernel serves qkv, o, gate/up and down, told apart by their grids
     with open(trace) as f:

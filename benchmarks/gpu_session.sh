@@ -61,6 +61,8 @@
 #   bash benchmarks/gpu_session.sh gatedmlp  # SiLU-and-mul in the W8A8 gate/up GEMV, its tail writing
 #                                            # the down projection's codes (on for int8): tests, fp8 /
 #                                            # int8 batch 1 as they are and flipped (REPS_LIST)
+#   bash benchmarks/gpu_session.sh gatedprof # the batch-1 step's critical path, fp8 and int8, with it
+#                                            # off and on (why fp8 loses)
 #   bash benchmarks/gpu_session.sh normw     # RMSNorm reading its weight with x, not after the row's sum
 #                                            # (`NORM_WEIGHT_WITH_X`, on: int4 +0.5% on an H100): tests, fp8 /
 #                                            # int8 / int4 batch 1 with it and without, alternating
@@ -1086,6 +1088,18 @@ W.gated_decode = W.gated_decode ^ {torch.int8 if '$q' == 'int8' else torch.float
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         REPS_LIST=$i alternate "b1_${q}_default" "b1_${q}_flipped" "$FLIP" bench latency --num-iters 3 \
           --shape qwen2.5-7b $SHORT --quantization "$q"
+      done
+    done
+    ;;
+  gatedprof)  # where the gated W8A8 gate/up launch's time goes (52nd session, H100: int8 +1.6%, fp8 -0.5%):
+    # the batch-1 step's critical path (`decode_step_profile.py`, `critical_path.py`), fp8 and int8, with
+    # `gated_decode` off and on; the logs and traces in $OUT
+    for q in fp8 int8; do
+      for g in 0 1; do
+        QUANT=$q GATED_DECODE=$g BATCHES= OUT=$OUT timeout 200 python benchmarks/decode_step_profile.py \
+          >"$OUT/gatedprof_${q}_$g.log" 2>&1
+        echo "== $q gated_decode $g"
+        sed -n '/what each launch adds/,$p' "$OUT/gatedprof_${q}_$g.log" | head -16 | cut -c1-150
       done
     done
     ;;
