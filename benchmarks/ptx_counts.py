@@ -21,6 +21,7 @@ import sys
 import tempfile
 from collections import Counter
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -127,8 +128,6 @@ def gemv(
     per that many columns, as the down projection's SiLU-and-mul codes). `codes_group`: a gated gate/up
     GEMV writing the down projection's codes in groups of that many outputs
     (`W8A8LinearMethod.gated_decode`)."""
-    import torch
-
     from qwick.kernels.codes import inv_qmax
     from qwick.quantization.w8a8 import _MIN_AMAX, _QMAX
 

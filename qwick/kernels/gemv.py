@@ -577,11 +577,13 @@ def gemv(
     amax = None
     if out_quant is not None:  # the output's codes and scales per group too (`_group_codes_tail`)
         group, half = out_quant.group, cfg.block_n // 2
-        if not gated or group is None or group % half or group & (group - 1):
+        if not gated:
+            raise ValueError("only a gated GEMV writes its output's codes (out_quant)")
+        if group is None or group % half or group & (group - 1):
             raise ValueError(
                 f"a gated GEMV's codes in groups of {group}: its tiles of {half} outputs must divide them"
             )
-        if triton.cdiv(n // 2, group) >= ws.counters.numel():
+        if triton.cdiv(n // 2, group) > ws.counters.numel():
             raise ValueError(f"too few split-K counters for {n // 2} outputs in groups of {group}")
         codes, scales, meta = code_buffers(y, out_quant)
         amax = torch.empty((m, tiles), dtype=torch.float32, device=x.device)  # scratch: each tile's absmax

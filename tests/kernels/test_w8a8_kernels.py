@@ -381,7 +381,7 @@ def test_gemv_with_group_scaled_codes(qdtype, n, k, m):
 @pytest.mark.parametrize("inter,k", [(80, 512)] if INTERPRET else [(18944, 3584), (13824, 5120)])
 @pytest.mark.parametrize("m", [1, 3])
 def test_gated_w8a8_gemv_writes_silu_and_muls_group_codes(qdtype, inter, k, m):
-    """`gemv(..., gated=True, out_codes=...)`: the last tile of each group of outputs to finish writes the
+    """`gemv(..., gated=True, out_quant=...)`: the last tile of each group of outputs to finish writes the
     group's codes and scale, bit for bit what `silu_and_mul_quant` with groups writes from the plain GEMV
     (a partial last group under the interpreter), twice in a row (the group counters reset themselves),
     launched early or not; groups that tiles do not divide, and codes of an ungated GEMV, are refused."""
@@ -408,8 +408,8 @@ def test_gated_w8a8_gemv_writes_silu_and_muls_group_codes(qdtype, inter, k, m):
         assert int(ws.counters.abs().sum()) == 0
     with pytest.raises(ValueError, match="must divide"):
         gemv(xq, wq, bias, ws, cfg, **codes, gated=True, out_quant=replace(quant, group=cfg.block_n // 4))
-    with pytest.raises(ValueError, match="must divide"):
-        gemv(xq, wq, bias, ws, cfg, **codes, out_quant=quant)  # not gated
+    with pytest.raises(ValueError, match="only a gated GEMV"):
+        gemv(xq, wq, bias, ws, cfg, **codes, out_quant=quant)
 
 
 @pytest.mark.interpret
