@@ -2,8 +2,10 @@
 
 Env: QUANT=fp8|int8|int4 (weights), DECODE_W8A8=0 (8-bit decode as W8A16), GATED_DECODE=0|1 (with
 QUANT=fp8|int8: `W8A8LinearMethod.gated_decode` without or with QUANT's codes), BATCHES=8,16,64 (step times
-at larger batches; empty skips them), GEMV_TABLE (a JSON of launch shapes), OUT (a Chrome trace, then
-per launch shape its mean time and what it adds to the step: `benchmarks/critical_path.py`)."""
+at larger batches; empty skips them), INT8_BITS=0 (int8 codes in the one-row GEMV through Triton's
+conversion, not their float bits: `row_gemv_w8._INT8_BITS`), GEMV_TABLE (a JSON of launch shapes), OUT (a
+Chrome trace, then per launch shape its mean time and what it adds to the step:
+`benchmarks/critical_path.py`)."""
 
 import cProfile
 import io
@@ -48,6 +50,12 @@ if gated:
 
     codes = {"fp8": FP8_DTYPE, "int8": torch.int8}[os.environ["QUANT"]]
     W8A8LinearMethod.gated_decode = frozenset({codes}) if gated == "1" else frozenset()
+if os.environ.get("INT8_BITS") == "0":
+    import triton.language as tl
+
+    import qwick.kernels.row_gemv_w8 as R
+
+    R._INT8_BITS = tl.constexpr(False)
 llm = LLM(
     model_dir_for_shape(shape),
     load_format="dummy",
@@ -129,7 +137,8 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
 out = os.environ.get("OUT")
 if out:
-    tag = f"_gated{gated}" if gated else ""
+    bits = os.environ.get("INT8_BITS")
+    tag = (f"_gated{gated}" if gated else "") + (f"_bits{bits}" if bits else "")
     trace = os.path.join(out, f"trace_{shape}_{os.environ.get('QUANT') or 'bf16'}{tag}.json")
     prof.export_chrome_trace(trace)
     # per launch shape: the same kernel serves qkv, o, gate/up and down, told apart by their grids

@@ -1199,11 +1199,29 @@ M._row_gemv = lambda self, x, n, k: x.shape[0] == 1 and n < self.row_gemv_max_n 
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     alternate b1_int8_plain b1_int8_pdl "$ON" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int8
     ;;
+  int8bits)  # int8 codes to fp32 through their float bits in the one-row GEMV (the o projection of a lone
+    # decode row; `row_gemv_w8._INT8_BITS`, on since the 53rd session) against Triton's conversion (`I2F`,
+    # a quarter of the FMA rate): its GPU tests, int8 batch 1 alternating (REPS_LIST), then the step's
+    # critical path with each (`decode_step_profile.py`, INT8_BITS=1|0)
+    python -m pytest -q -p no:cacheprovider tests/kernels/test_row_gemv_w8.py tests/kernels/test_w8a8_kernels.py \
+      -k "row" 2>&1 | tail -3
+    python -m pytest -q -p no:cacheprovider tests/quantization/test_w8a8_gpu.py -k "int8" 2>&1 | tail -3
+    OFF="import os, sys; os.environ['TRITON_CACHE_DIR'] = '/tmp/triton_i2f'
+import triton.language as tl; import qwick.kernels.row_gemv_w8 as R; R._INT8_BITS = tl.constexpr(False)
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    alternate b1_int8_bits b1_int8_i2f "$OFF" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int8
+    for b in 1 0; do
+      QUANT=int8 INT8_BITS=$b BATCHES= OUT=$OUT timeout 200 python benchmarks/decode_step_profile.py \
+        >"$OUT/int8bits_prof_$b.log" 2>&1
+      echo "== int8 INT8_BITS=$b"
+      sed -n '/what each launch adds/,$p' "$OUT/int8bits_prof_$b.log" | head -10 | cut -c1-150
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

@@ -48,7 +48,21 @@ COUNTED = [
     "wgmma.mma_async",
     "wgmma.wait_group",
 ]
-SASS_COUNTED = ["LDG", "LDS", "LDSM", "STS", "LDGSTS", "BAR", "F2F", "F2FP", "PRMT", "HMMA", "HGMMA", "MUFU"]
+SASS_COUNTED = [
+    "LDG",
+    "LDS",
+    "LDSM",
+    "STS",
+    "LDGSTS",
+    "BAR",
+    "F2F",
+    "F2FP",
+    "I2F",
+    "PRMT",
+    "HMMA",
+    "HGMMA",
+    "MUFU",
+]
 _STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_cb", "stride_cs", "stride_ch")
 
 
@@ -151,10 +165,11 @@ def gemv(
     return compile_ptx(_gemv_kernel, sig, const, div, 4, stages)
 
 
-def w8row():
-    """The one-row GEMV on fp8 codes (CUDA cores) as the 7b o projection runs it: 16 x 256 tiles, split 4,
+def w8row(weight: str = "fp8"):
+    """The one-row GEMV on 8-bit codes (CUDA cores) as the 7b o projection runs it: 16 x 256 tiles, split 4,
     launched early (its first two tiles preloaded)."""
-    sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16"}
+    w = {"fp8": "*fp8e4nv", "int8": "*i8"}[weight]
+    sig = {"x_ptr": "*bf16", "w_ptr": w, "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16"}
     sig |= {"ws_ptr": "*fp32", "counter_ptr": "*i32", "N": "i32", "K": "i32", "stride_wn": "i32"}
     const = dict(HAS_BIAS=False, SPLIT_K=4, PREFETCH=False, BLOCK_N=16, BLOCK_K=256, PRELOAD=True)
     div = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "stride_wn"]
@@ -231,6 +246,7 @@ VARIANTS = {
     "gemv W8A8 fp8 gate/up, SiLU, group codes": lambda: gemv("fp8", 64, 256, 1, 3, True, codes_group=512),
     "gemv W8A8 int8 gate/up, SiLU, group codes": lambda: gemv("int8", 64, 256, 1, 3, True, codes_group=512),
     "w8 row GEMV fp8 (o, 16 x 256, split 4)": lambda: w8row(),
+    "w8 row GEMV int8 (o, 16 x 256, split 4)": lambda: w8row("int8"),
     "half2 int4 GEMV (gate/up, 32 rows)": lambda: half2(False),
     "half2 int4 GEMV with SiLU-and-mul (gate/up, 32 rows)": lambda: half2(True),
     "half2 int4 GEMV (gate/up, 32 rows, 64-word tiles)": lambda: half2(False, block_w=64),

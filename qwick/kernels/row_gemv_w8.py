@@ -27,6 +27,35 @@ from qwick.kernels.row_gemv import RowGemvConfig, _check_workspace, _row_epilogu
 CODE_DTYPES = (torch.float8_e4m3fn, torch.int8)
 
 
+def _int8_f32_asm() -> str:
+    """PTX: four int8 codes packed in $4 -> their fp32 values ($0-$3). Code b + 128 (the word xor 0x80808080)
+    becomes the low byte of the float bits 0x4B0000xx, which is 2^23 + 128 + b; less 2^23 + 128, b exactly.
+    One `prmt` and one `sub.f32` a code, where `cvt.rn.f32.s8` runs at a quarter of their rate."""
+    lines = ["{", ".reg .b32 u;", "xor.b32 u, $4, 0x80808080;"]
+    for j in range(4):
+        lines.append(f"prmt.b32 ${j}, u, 0x4B000000, 0x744{j};")  # bytes: u.b{j}, 0, 0, 0x4B
+        lines.append(f"sub.f32 ${j}, ${j}, 0f4B000080;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+_INT8_F32_ASM = tl.constexpr(_int8_f32_asm())
+# int8 codes converted through their float bits (`_int8_f32_asm`); False: Triton's conversion (`I2F`). A
+# constant read when the kernel compiles, for A/B runs (`gpu_session.sh int8bits`).
+_INT8_BITS = tl.constexpr(True)
+
+
+@triton.jit
+def _codes_f32(w):
+    """8-bit codes as fp32: int8 through `_int8_f32_asm` (plain Triton under the interpreter), fp8 by
+    Triton's conversion (e4m3 pairs to f16 pairs, then each to fp32)."""
+    if w.dtype == tl.int8 and _INT8_BITS and not _EMULATE:
+        return tl.inline_asm_elementwise(
+            _INT8_F32_ASM, "=r,=r,=r,=r,r", [w], dtype=tl.float32, is_pure=True, pack=4
+        )
+    return w.to(tl.float32)
+
+
 @triton.jit
 def _w8_row_kernel(
     x_ptr,
@@ -69,9 +98,9 @@ def _w8_row_kernel(
         if not _EMULATE:
             pdl_wait()
         x0 = tl.load(x_ptr + tl.minimum(k_start, K - BLOCK_K) + rk).to(tl.float32)
-        acc += w0.to(tl.float32) * x0[None, :]
+        acc += _codes_f32(w0) * x0[None, :]
         x1 = tl.load(x_ptr + tl.minimum(k_start + BLOCK_K, K - BLOCK_K) + rk).to(tl.float32)
-        acc += w1.to(tl.float32) * x1[None, :]
+        acc += _codes_f32(w1) * x1[None, :]
         k_loop = k_start + 2 * BLOCK_K
     if PREFETCH:  # the next tile's load is issued before this tile's arithmetic: twice the bytes in flight
         first = k_start + rk
@@ -83,7 +112,7 @@ def _w8_row_kernel(
             w_next = tl.load(w_rows + nxt[None, :], mask=n_ok[:, None] & (nxt < k_end)[None, :], other=0.0)
         else:
             w = tl.load(w_rows + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
+        acc += _codes_f32(w) * x[None, :]
         if PREFETCH:
             w = w_next
     acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[:, None]

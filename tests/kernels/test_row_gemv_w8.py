@@ -4,7 +4,7 @@ tests/quantization/test_w8a8_layer.py).
 
 fp8 e4m3 and int8 codes, bias or none, split-K with a split that gets no tile of K (counters reset on a
 second call), the register prefetch, N not a multiple of the tile and K of 128-code tiles; launched early
-with its first tiles preloaded (`preload`), the same bits. With
+with its first tiles preloaded (`preload`), the same bits; every int8 code converted exactly. With
 TRITON_INTERPRET=1 the kernel runs on the CPU at small shapes.
 """
 
@@ -63,6 +63,24 @@ def test_row_gemv_matches_float64(qdtype, bias, n, k):
             assert err < 4e-3, (cfg, err)
             # its first two tiles loaded before the wait (launched early on a GPU with PDL): the same bits
             assert torch.equal(w8_row_gemv(x, codes, scale, b, ws, cfg, preload=True), y), cfg
+
+
+def test_every_int8_code_is_its_value():
+    """int8 codes become fp32 through their float bits on a GPU (`_int8_f32_asm`): each of the 256 values,
+    -128 included (symmetric quantization never writes it), in every byte of a word, against float64 sums
+    at fp32 precision, where one code off by one moves a sum by ~0.5."""
+    from qwick.kernels.row_gemv_w8 import w8_row_gemv
+
+    dev = triton_device()
+    ws = gemv_workspace(dev)
+    n, k = 64, 256
+    codes = ((torch.arange(k)[None, :] + 7 * torch.arange(n)[:, None]) % 256 - 128).to(torch.int8)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(0))
+    scale = torch.ones(n)
+    ref = x.double() @ codes.double().T
+    for cfg in (RowGemvConfig(16, 256, 1), RowGemvConfig(32, 128, 2)):
+        y = w8_row_gemv(x.to(dev), codes.to(dev), scale.to(dev), None, ws, cfg)
+        torch.testing.assert_close(y.double().cpu(), ref, rtol=0, atol=1e-3, msg=str(cfg))
 
 
 def test_row_gemv_rejects_what_it_cannot_take():
