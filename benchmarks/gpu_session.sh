@@ -1217,11 +1217,37 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       sed -n '/what each launch adds/,$p' "$OUT/int8bits_prof_$b.log" | head -10 | cut -c1-150
     done
     ;;
+  stepends)  # the kernels between two batch-1 graphs: the greedy argmax in two Triton launches
+    # (`kernels.sampling.greedy_argmax`; torch's reduction took 9.3 us on an H100) and the in-flight token
+    # patch in one (`kernels.token_patch`, its slots uploaded once while they stay the same) against
+    # torch's argmax and its gather, cast and scatter after two uploads: their GPU tests, then int8 and fp8
+    # batch 1 alternating (REPS_LIST; fp8 once)
+    python -m pytest -q -p no:cacheprovider tests/kernels/test_sampling.py tests/kernels/test_token_patch.py \
+      tests/engine/test_async_scheduling.py 2>&1 | tail -3
+    python -m pytest -q -p no:cacheprovider tests/runner/test_no_compiles_while_serving.py -k "int8 or None" \
+      2>&1 | tail -3
+    OLD="import sys, torch
+from qwick.device_upload import to_device
+from qwick.runner.model_runner import ModelRunner
+from qwick.runner.sampler import Sampler
+Sampler._argmax = staticmethod(lambda logits: logits.argmax(dim=-1))
+def _patch(self, dst, src):
+    if not dst:
+        return None
+    dst_dev, src_dev = to_device(dst, torch.long, self.device), to_device(src, torch.long, self.device)
+    prev = self._prev_sampled
+    return lambda ids: ids.index_copy_(0, dst_dev, prev.index_select(0, src_dev).to(ids.dtype))
+ModelRunner._patch = _patch
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    alternate b1_int8_new b1_int8_old "$OLD" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int8
+    REPS_LIST=1 alternate b1_fp8_new b1_fp8_old "$OLD" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
+      --quantization fp8
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

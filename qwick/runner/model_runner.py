@@ -21,6 +21,8 @@ from qwick.config import EngineConfig, default_max_num_batched_tokens
 from qwick.core.scheduler_output import SchedulerOutput
 from qwick.device_upload import to_device
 from qwick.forward_context import set_forward_context
+from qwick.kernels import token_patch
+from qwick.kernels.token_patch import patch_token_ids
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionRow,
@@ -152,6 +154,7 @@ class ModelRunner:
         # rows scheduled before those ids reach the host (async scheduling).
         self._prev_sampled: torch.Tensor | None = None
         self._prev_rows: dict[str, int] = {}
+        self._patch_index: tuple[tuple, torch.Tensor] | None = None  # `_patch`'s last slots, on the device
         # Eager steps run the model's last layer past its KV write only for the tokens that sample
         # (`OutputRows`); off, every token goes through the whole model (for A/B measurements).
         self.sampled_rows_only = True
@@ -269,6 +272,7 @@ class ModelRunner:
         for m in range(1, min(16, self.config.max_num_seqs, hidden.shape[0]) + 1):
             self.model.compute_logits(hidden[:m])
         self.sampler.warm_up(self.vocab_size, self.device, self.dtype)
+        token_patch.warm_up(self.device)
         torch.cuda.synchronize(self.device)
         logger.info("compiled the serving kernels in %.1f s", time.perf_counter() - t0)
 
@@ -555,15 +559,17 @@ class ModelRunner:
 
     def _patch(self, dst: list[int], src: list[int]) -> Callable[[torch.Tensor], None] | None:
         """A function that fills input slots `dst` of a step's token ids (on the device) with the previous
-        launched step's sampled ids at `src` (async scheduling); None when there are none."""
+        launched step's sampled ids at `src` (async scheduling); None when there are none. The slots are
+        uploaded once while they stay the same (every step of a steady decode batch)."""
         if not dst:
             return None
-        dst_dev = to_device(dst, torch.long, self.device)
-        src_dev = to_device(src, torch.long, self.device)
-        prev = self._prev_sampled
+        key = (tuple(dst), tuple(src))
+        if self._patch_index is None or self._patch_index[0] != key:
+            self._patch_index = (key, to_device(dst + src, torch.long, self.device))
+        index, prev, n = self._patch_index[1], self._prev_sampled, len(dst)
 
         def patch(ids: torch.Tensor) -> None:
-            ids.index_copy_(0, dst_dev, prev.index_select(0, src_dev).to(ids.dtype))
+            patch_token_ids(ids, prev, index, n)
 
         return patch
 

@@ -103,3 +103,34 @@ def test_race_sample_follows_the_softmax():
     probs = (row / 0.8).softmax(dim=-1)
     assert freq[5] == 0 and freq[7] == 0
     assert torch.allclose(freq, probs, atol=0.03)  # ~4 standard deviations at n = 4096
+
+
+@pytest.mark.parametrize(
+    "batch", [pytest.param(1, marks=pytest.mark.interpret), pytest.param(3, marks=pytest.mark.interpret), 300]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_argmax_is_torch_argmax(batch, dtype):
+    """The two-launch argmax gives torch.argmax's token: over many chunks (batch 1) and one chunk a row
+    (300 rows), with ties (the first column wins, across chunks too), rows of -inf (column 0), +inf, and
+    NaN (the first NaN, as torch takes it)."""
+    from qwick.kernels.sampling import ARGMAX_BLOCK, greedy_argmax
+
+    dev = triton_device()
+    vocab = 152064 if dev.type == "cuda" else 5000
+    if INTERPRET and batch == 300:
+        pytest.skip("too slow for the interpreter")
+    g = torch.Generator().manual_seed(batch)
+    logits = (torch.randn((batch, vocab), generator=g) * 4).to(dtype)
+    logits[0, 7] = logits[0, vocab - 3] = logits[0, 2 * ARGMAX_BLOCK + 5] = 100.0  # a tie over three chunks
+    if batch > 1:
+        logits[1] = float("-inf")
+        logits[2, 11] = logits[2, vocab - 1] = float("nan")
+        logits[2, 3] = float("inf")
+    for programs_per_sm in (2, 1):  # the default, and fewer chunks (one a row at 300 rows)
+        got = greedy_argmax(logits.to(dev), programs_per_sm)
+        assert got.dtype == torch.long and got.shape == (batch,)
+        assert torch.equal(got.cpu(), logits.argmax(dim=-1)), programs_per_sm
+    assert got[0] == 7
+    if batch > 1:
+        assert got[1] == 0 and got[2] == 11
+    assert greedy_argmax(logits[:0].to(dev)).shape == (0,)
