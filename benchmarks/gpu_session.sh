@@ -1222,8 +1222,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     # patch in one (`kernels.token_patch`, its slots uploaded once while they stay the same) against
     # torch's argmax and its gather, cast and scatter after two uploads: their GPU tests, then int8 and fp8
     # batch 1 alternating (REPS_LIST; fp8 once)
-    python -m pytest -q -p no:cacheprovider tests/kernels/test_sampling.py tests/kernels/test_token_patch.py \
-      tests/engine/test_async_scheduling.py 2>&1 | tail -3
+    python -m pytest -q -p no:cacheprovider tests/kernels/test_sampling.py tests/kernels/test_token_patch.py 2>&1 \
+      | tail -3
     python -m pytest -q -p no:cacheprovider tests/runner/test_no_compiles_while_serving.py -k "int8 or None" \
       2>&1 | tail -3
     OLD="import sys, torch
