@@ -2,8 +2,11 @@
 
 The fp8 o projection at batch 1 is a small layer (12.8 MB at qwen2.5-7b) whose time is mostly fixed
 costs. The tensor-core GEMV (`qwick.kernels.gemv`, W8A16) converts each code to bf16 and stages tiles
-through shared memory for `tl.dot`; here a program streams [BLOCK_N, BLOCK_K] codes into registers, lets
-Triton convert them to fp32 and multiplies by x with FMAs. Timed as decode runs it (CUDA-graph replays over
+through shared memory for `tl.dot`; here a program streams [BLOCK_N, BLOCK_K] codes into registers, turns
+them into fp32 and multiplies by x with FMAs. fp8 codes go through Triton's conversion (e4m3 pairs to f16
+pairs); int8 codes through their float bits (`_int8_f32_asm`), where Triton's `I2F` runs at a quarter of
+the FMA rate: 5.80 against 6.92 us a layer at the 7b o projection and int8 batch 1 +1.0% on an H100 (53rd
+session). Timed as decode runs it (CUDA-graph replays over
 L2-overflowing weight copies, H200, 31st session in BENCHMARKS.md), the 7b o projection takes 7.6 us in
 16 x 256 tiles split 4 against the tensor-core kernel's 8.8 in fp8 (int8: 8.4 against 8.2, so int8 keeps
 the tensor cores). On qkv and the wide layers the tensor-core kernels stay faster (W8A8 qkv 8.2 us against
