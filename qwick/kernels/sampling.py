@@ -15,6 +15,8 @@ so that every load stays coalesced.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -22,6 +24,13 @@ import triton.language as tl
 from qwick.device_upload import to_device
 
 NOISE_BLOCK = 1024
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """SMs of a CUDA device, asked once (the kernels size their grids by it every step); 4 elsewhere (the
+    interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 @triton.jit
@@ -154,8 +163,7 @@ def race_sample(
         return torch.empty((0,), dtype=torch.long, device=logits.device)
     block = NOISE_BLOCK
     blocks = triton.cdiv(vocab, block)
-    props = torch.cuda.get_device_properties(logits.device) if logits.is_cuda else None
-    num_sms = props.multi_processor_count if props is not None else 4
+    num_sms = _num_sms(logits.device)
     parts = max(1, min(blocks, triton.cdiv(programs_per_sm * num_sms, b)))
     chunk = triton.cdiv(blocks, parts) * block
     parts = triton.cdiv(vocab, chunk)
@@ -243,7 +251,7 @@ def greedy_argmax(logits: torch.Tensor, programs_per_sm: int = 2) -> torch.Tenso
     if b == 0:
         return torch.empty((0,), dtype=torch.long, device=logits.device)
     blocks = triton.cdiv(vocab, ARGMAX_BLOCK)
-    num_sms = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 4
+    num_sms = _num_sms(logits.device)
     parts = max(1, min(blocks, triton.cdiv(programs_per_sm * num_sms, b)))
     chunk = triton.cdiv(blocks, parts) * ARGMAX_BLOCK
     parts = triton.cdiv(vocab, chunk)

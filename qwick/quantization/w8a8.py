@@ -183,9 +183,10 @@ class W8A8LinearMethod(LinearMethod):
     # the bits SiLU-and-mul writes (`gemv(..., out_quant=...)`), so the same tokens. On for the code types
     # listed. H100, 7b shapes, batch 1, three alternating pairs in two calls (52nd session): int8 336.96,
     # 336.97 and 337.04 decode tok/s against 331.74, 331.87 and 331.87 without (+1.6%); fp8 335.71,
-    # 335.53 and 335.73 against 336.94, 337.49 and 337.44 (-0.5%); why fp8 loses is not known (no
-    # profile). In the sm_90 SASS (Triton 3.6) the gated launch's loop is the plain one's, its epilogue
-    # and tail 464 instructions more for fp8 and 520 for int8.
+    # 335.53 and 335.73 against 336.94, 337.49 and 337.44 (-0.5%). The 53rd session's critical path
+    # (H100, us a layer): the group tail adds 2.1 (int8) and 3.7 (fp8) to the gate/up launch, down gains
+    # 1.7 and the SiLU launch's 1.8-1.9 go; why fp8's tail costs more is not known (the compiled tail
+    # and loop are the same length for both codes).
     gated_decode: frozenset[torch.dtype] = frozenset({torch.int8})
     # fp8 per channel, 16 < M <= rowwise_max_m, K >= rowwise_min_k (the down projections): our split-K
     # Triton GEMM (`qwick.kernels.w8a8.rowwise_fp8_mm`) where cuBLAS's 128 x 128 tiles leave SMs idle. On
