@@ -1255,38 +1255,11 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     alternate b1_int8_adds b1_int8_floor "$OFF" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
       --quantization int8
     ;;
-  headgraph)  # the decode graphs holding the LM head (`DecoderForCausalLM.forward_logits`: the final norm
-    # writes the head's codes, the head launches early behind it) and converting ids, positions and slots to
-    # int64 in one kernel, against the graphs before (hidden states out, three conversions, the head
-    # quantizing its rows and launching after the replay): the GPU tests they touch, then int8 (REPS_LIST)
-    # and fp8 (once) batch 1 alternating
-    python -m pytest -q -m gpu -p no:cacheprovider tests/runner/test_cuda_graphs.py \
-      tests/runner/test_split_mixed_steps.py tests/runner/test_prefill_graphs.py tests/quantization/test_lm_head.py \
-      tests/runner/test_no_compiles_while_serving.py 2>&1 | tail -3
-    python -m pytest -q -p no:cacheprovider tests/quantization/test_w8a8_gpu.py -k "fused or quantized_model or gated" \
-      2>&1 | tail -3
-    OLD="import sys
-from qwick.forward_context import set_forward_context
-from qwick.runner.cuda_graphs import DecodeGraphRunner as G
-def _forward(self, bs, md):
-    v = self._views(bs)
-    md.slot_mapping = v['slots'].long()
-    with set_forward_context(md):
-        return self.model(v['ids'].long(), v['pos'].long())
-G._forward = _forward
-replay = G.replay
-G.replay = lambda self, *a, **k: self.model.compute_logits(replay(self, *a, **k))
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    alternate b1_int8_head b1_int8_nohead "$OLD" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
-      --quantization int8
-    REPS_LIST=1 alternate b1_fp8_head b1_fp8_nohead "$OLD" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
-      --quantization fp8
-    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|intround|headgraph|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|intround|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

@@ -250,15 +250,9 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        output_rows: OutputRows | None = None,
-        head: Linear | None = None,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, output_rows: OutputRows | None = None
     ) -> torch.Tensor:
-        """Final hidden states of every token, or of the `output_rows` only (in their order); with `head`,
-        its output on them (the logits), the final norm writing the head's input as its method reads it
-        (its codes in the 8-bit modes: no quantizing launch of its own).
+        """Final hidden states of every token, or of the `output_rows` only (in their order).
 
         Only the tokens that sample need the last layer's output: the others need its keys and values,
         nothing after them. So with output rows, the last layer attends, projects and runs its MLP for
@@ -273,14 +267,12 @@ class DecoderModel(nn.Module):
             if i < last:
                 then, then_input = self.layers[i + 1].input_layernorm, self.layers[i + 1].self_attn.qkv_proj
             else:
-                then, then_input = self.norm, head
+                then, then_input = self.norm, None
             rows = output_rows if i == last else None
             x, residual, normed = layer(rope, x, residual, rows, normed, then, then_input)
         if not normed:
-            quant = head.input_quant(x) if head is not None else None
-            early = self.layers[-1].mlp.down_proj.method.lets_next_in
-            x, _ = self.norm(x, residual, quant=quant, early=early)
-        return x if head is None else head(x)
+            x, _ = self.norm(x, residual, early=self.layers[-1].mlp.down_proj.method.lets_next_in)
+        return x
 
 
 # fp8 KV-cache scales in checkpoints (the names vLLM maps): `self_attn.{k,v}_scale` (compressed-tensors,
@@ -337,16 +329,6 @@ class DecoderForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, output_rows: OutputRows | None = None
     ) -> torch.Tensor:
         return self.model(input_ids, positions, output_rows)
-
-    def forward_logits(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, output_rows: OutputRows | None = None
-    ) -> torch.Tensor:
-        """`compute_logits(forward(...))` in one pass, the final norm writing the head's codes where its
-        method quantizes its input (one launch fewer): what the decode CUDA graphs capture, so that the
-        head launches inside the graph, early, behind the final norm. The same logits either way."""
-        if self.lm_head is None:  # tied and plain: the embedding's matmul
-            return self.compute_logits(self.model(input_ids, positions, output_rows))
-        return self.model(input_ids, positions, output_rows, head=self.lm_head)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model's dtype (as the LM head's matmul writes them): the sampler converts them to

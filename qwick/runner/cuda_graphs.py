@@ -1,11 +1,9 @@
 """CUDA graphs for pure-decode steps (one token per row), captured at bucketed batch sizes.
 
 A batch-1 decode step of a small model is bound by kernel launches, not by the GPU: replaying one
-captured graph of the whole forward (embedding -> layers -> final norm -> LM head) replaces hundreds of
-launches with one. Every decode row samples, so the graph holds the LM head too: the final norm writes
-the head's codes (8-bit heads) and the head's GEMV launches early behind it, where outside the graph a
-quantizing launch and the graph's end stood between them. The sampler stays outside (eager): its work
-depends on each request's parameters.
+captured graph of the whole forward (embedding -> layers -> final norm) replaces hundreds of launches
+with one. The logits and the sampler stay outside the graph (eager), since they only touch the rows
+that sample.
 
 Design:
 - Buckets 1, 2, 4, 8, then multiples of 8 (16, 24, 32, ...) up to `max_batch` (<= 256); a step of `n`
@@ -14,7 +12,7 @@ Design:
   `[ids(bs) | positions(bs) | slots(bs) | seq_lens(bs) | block_tables(bs x W)]` with W the block-table
   width for `max_model_len`. Each graph captured its own views of it, so a step fills a pinned host
   buffer in that layout and issues a single host-to-device copy before the replay. The graph converts
-  ids/positions/slots to int64 itself (one tiny kernel inside the graph).
+  ids/positions/slots to int64 itself (three tiny kernels inside the graph).
 - Padding rows: token 0 at position 0, slot -1 (the KV write kernel skips it), seq_len 1 over the null
   block 0: their attention reads one finite key and their outputs are ignored.
 - The Triton decode kernel's grid depends on (rows, kv heads, splits); the split count is pinned per
@@ -118,7 +116,7 @@ def peak_allocated_bytes(run: Callable[[], object], device: torch.device) -> int
 class _Graph:
     bs: int
     graph: torch.cuda.CUDAGraph | None
-    logits: torch.Tensor  # [bs, vocab] graph output
+    hidden: torch.Tensor  # [bs, hidden] graph output
     metadata: AttentionMetadata  # kept alive: its plan holds the decode scratch buffers
 
 
@@ -247,12 +245,11 @@ class DecodeGraphRunner:
         return md
 
     def _forward(self, bs: int, md: AttentionMetadata) -> torch.Tensor:
-        """The captured body: int32 inputs -> int64 (ids, positions and slots lie side by side: one
-        conversion kernel for the three), then the model forward and its LM head (`forward_logits`)."""
-        ids, pos, slots = self.packed[: 3 * bs].long().split(bs)
-        md.slot_mapping = slots
+        """The captured body: int32 inputs -> int64, then the model forward."""
+        v = self._views(bs)
+        md.slot_mapping = v["slots"].long()
         with set_forward_context(md):
-            return self.model.forward_logits(ids, pos)
+            return self.model(v["ids"].long(), v["pos"].long())
 
     # ---- capture -------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -338,13 +335,13 @@ class DecodeGraphRunner:
                     torch.cuda.synchronize(self.device)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=self.pool):
-                        logits = self._forward(bs, md)
-                    return graph, logits
+                        hidden = self._forward(bs, md)
+                    return graph, hidden
 
-                graph, logits = self._with_splits(bs, body, splits)
+                graph, hidden = self._with_splits(bs, body, splits)
                 if self.pool is None:
                     self.pool = graph.pool()
-                graphs[bs] = _Graph(bs, graph, logits, md)
+                graphs[bs] = _Graph(bs, graph, hidden, md)
 
     # ---- replay --------------------------------------------------------------------------------------
     def can_run(self, num_rows: int, max_table_len: int) -> bool:
@@ -357,8 +354,8 @@ class DecodeGraphRunner:
         block_tables: list[list[int]],
         patch: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
-        """Run one decode step (row i: token_ids[i] at positions[i]); returns logits [bs, vocab] whose
-        first len(token_ids) rows are the step's (a view of the graph's output: read it before the
+        """Run one decode step (row i: token_ids[i] at positions[i]); returns hidden states [bs, hidden]
+        whose first len(token_ids) rows are the step's (a view of the graph's output: read it before the
         next replay). `patch(ids)` may overwrite token ids on the device after the upload (async
         scheduling fills in tokens the host has not seen yet)."""
         bs = self.bucket_for(len(token_ids))
@@ -372,4 +369,4 @@ class DecodeGraphRunner:
         g.graph.replay()
         self.num_replays += 1
         self.num_short_replays += bool(short)
-        return g.logits
+        return g.hidden

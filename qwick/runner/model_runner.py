@@ -477,11 +477,12 @@ class ModelRunner:
                 logits_indices.append(len(token_ids) - 1)
                 sampling_rows.append(item)
                 sampling_row_index.append(len(rows) - 1)
-        logits = self._run_forward(
+        selected = self._run_forward(
             scheduled, rows, token_ids, positions, logits_indices, sampling_row_index, patch_dst, patch_src
         )
-        if logits is None:  # nothing samples (a long prompt's middle chunk): the cache is filled
+        if selected is None:  # nothing samples (a long prompt's middle chunk): the cache is filled
             return None
+        logits = self.model.compute_logits(selected)
         requests = [item.request for item in sampling_rows]
         meta = SamplingMetadata.build(requests, self.vocab_size, self.device)
         sampled = self.sampler(logits, meta)
@@ -507,10 +508,9 @@ class ModelRunner:
         patch_src: list[int],
     ) -> torch.Tensor | None:
         """Run the step's forward: a decode graph (every row one token), a prefill graph (up to its
-        `max_rows` rows, a prompt chunk among them), both (`_split_replay`) or eagerly. Returns the logits
-        of the sampling rows, in sampling order (None when nothing samples): the decode graphs hold the LM
-        head, the other branches' hidden states go through `compute_logits`. Each branch uploads the
-        in-flight patch it needs once."""
+        `max_rows` rows, a prompt chunk among them), both (`_split_replay`) or eagerly. Returns the final
+        hidden states of the sampling rows, in sampling order (None when nothing samples). Each branch
+        uploads the in-flight patch it needs once."""
         graphs, prefill_graphs = self.graph_runner, self.prefill_graphs
         out = None
         if (
@@ -519,8 +519,7 @@ class ModelRunner:
             and graphs.can_run(len(rows), max(len(r.block_table) for r in rows))
         ):
             patch = self._patch(patch_dst, patch_src)
-            logits = graphs.replay(token_ids, positions, [r.block_table for r in rows], patch=patch)
-            return self._sampling_rows(logits, logits_indices, len(token_ids))
+            hidden = graphs.replay(token_ids, positions, [r.block_table for r in rows], patch=patch)
         elif (
             prefill_graphs is not None
             and self.sampled_rows_only
@@ -534,8 +533,8 @@ class ModelRunner:
             if not logits_indices:
                 return None
             if len(rows) == 1:
-                return self.model.compute_logits(last[:1])  # the graph's rows past the step's are unused
-            return self.model.compute_logits(last[to_device(sampling_row_index, torch.long, self.device)])
+                return last[:1]  # the graph's rows past the step's are unused
+            return last[to_device(sampling_row_index, torch.long, self.device)]
         elif (
             split := self._split_replay(rows, token_ids, positions, patch_dst, patch_src, sampling_row_index)
         ) is not None:
@@ -553,14 +552,10 @@ class ModelRunner:
         if not logits_indices:
             return None
         if out is not None:
-            return self.model.compute_logits(hidden)  # the output rows alone, in sampling order
-        return self.model.compute_logits(self._sampling_rows(hidden, logits_indices, len(token_ids)))
-
-    def _sampling_rows(self, rows: torch.Tensor, logits_indices: list[int], num_tokens: int) -> torch.Tensor:
-        """The rows of a step's tokens (hidden states or logits) that sample, in sampling order."""
-        if len(logits_indices) == num_tokens and rows.shape[0] >= num_tokens:
-            return rows[:num_tokens]  # every row samples its only token: no gather
-        return rows[to_device(logits_indices, torch.long, self.device)]
+            return hidden  # the output rows alone, in sampling order
+        if len(logits_indices) == len(token_ids) and hidden.shape[0] >= len(token_ids):
+            return hidden[: len(token_ids)]  # every row samples its only token: no gather
+        return hidden[to_device(logits_indices, torch.long, self.device)]
 
     def _patch(self, dst: list[int], src: list[int]) -> Callable[[torch.Tensor], None] | None:
         """A function that fills input slots `dst` of a step's token ids (on the device) with the previous
@@ -589,8 +584,8 @@ class ModelRunner:
     ) -> torch.Tensor | None:
         """A step of decode rows and one prompt chunk of at most `split_mixed_max_tokens` tokens: the decode
         rows replay a decode graph, then the chunk a prefill graph (a row's attention reads only its own
-        context, so the halves are independent). Returns the sampling rows' logits in sampling order, or
-        None when the step does not qualify.
+        context, so the halves are independent). Returns the sampling rows' hidden states in sampling
+        order, or None when the step does not qualify.
 
         In this order the decode graph's output survives the prefill replay: it was alive while the
         prefill graphs were captured into the shared pool, so none of their tensors lies over it."""
@@ -613,16 +608,14 @@ class ModelRunner:
         # Flat token t is decode row t before the chunk (t < c), decode row t - n after it (t >= c + n).
         dec_tokens = [*range(c), *range(c + n, len(token_ids))]
         dec_patch = self._patch([t if t < c else t - n for t in patch_dst], patch_src)
-        logits = graphs.replay(
+        hidden = graphs.replay(
             [token_ids[t] for t in dec_tokens],
             [positions[t] for t in dec_tokens],
             [r.block_table for r in decode],
             patch=dec_patch,
         )
         last = prefill_graphs.replay([(token_ids[c : c + n], chunk.start_pos, chunk.block_table)])
-        both = logits[: len(decode)]  # decode rows in order, then the chunk's token where it samples
-        if c in sampling_row_index:
-            both = torch.cat([both, self.model.compute_logits(last[:1])])
+        both = torch.cat([hidden[: len(decode)], last[:1]])  # decode rows in order, then the chunk's token
         order = [len(decode) if i == c else i - (i > c) for i in sampling_row_index]
         return both[to_device(order, torch.long, self.device)]
 

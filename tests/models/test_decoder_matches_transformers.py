@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qwick import LLM, SamplingParams
-from tests.utils import hf_greedy, hf_logits, make_tiny_model, record_sampled_logits
+from tests.utils import hf_greedy, hf_logits, make_tiny_model
 
 VARIANTS = {
     "qwen2": ("qwen2", {}),
@@ -50,16 +50,19 @@ def tiny(request, tmp_path_factory):
 
 
 class LogitsRecorder:
-    """Wraps the runner so each request's logits rows are kept, step by step: the sampler's input
-    (`record_sampled_logits`), matched to requests in `launch`, which the synchronous `execute` calls and
-    async scheduling calls directly."""
+    """Wraps the runner so each request's logits rows are kept, step by step. It wraps `launch`, where
+    logits are computed: the synchronous `execute` calls it, and async scheduling calls it directly."""
 
     def __init__(self, llm: LLM) -> None:
         runner = llm.llm_engine.core.runner
         self.by_request: dict[str, list[torch.Tensor]] = defaultdict(list)
         captured: list[torch.Tensor] = []
-        launch = runner.launch
-        record_sampled_logits(runner, captured)
+        compute_logits, launch = runner.model.compute_logits, runner.launch
+
+        def recording_logits(hidden):
+            out = compute_logits(hidden)
+            captured.append(out.detach().clone())
+            return out
 
         def recording_launch(scheduler_output):
             captured.clear()
@@ -70,6 +73,7 @@ class LogitsRecorder:
                     self.by_request[rid].append(row)
             return result
 
+        runner.model.compute_logits = recording_logits
         runner.launch = recording_launch
 
 
@@ -128,30 +132,3 @@ def test_chunked_prefill_in_small_chunks(tiny):
     path, hf_model = tiny
     llm = exact_llm(path, max_num_batched_tokens=5, max_num_seqs=3)
     check_against_reference(llm, hf_model, PROMPTS)
-
-
-@pytest.mark.parametrize("quantization", [None, "int8"])
-def test_forward_logits_is_the_head_on_the_forward(tiny, quantization):
-    """`forward_logits` (what the decode CUDA graphs capture: the final norm writing the head's input as
-    its method reads it) gives the logits of `compute_logits` on the forward's hidden states, tied heads
-    (qwen2) and untied, plain and quantized."""
-    from qwick.forward_context import set_forward_context
-    from qwick.layers.attention.backend import AttentionRow
-
-    path, _ = tiny
-    kwargs = {} if quantization is None else {"quantization": quantization, "quantize_lm_head": True}
-    llm = LLM(path, dtype="float32", num_gpu_blocks_override=32, block_size=4, max_model_len=64, **kwargs)
-    runner = llm.llm_engine.core.runner
-    ids = torch.tensor(PROMPTS[2], device=runner.device)
-    pos = torch.arange(len(ids), device=runner.device)
-    blocks = list(range(1, 1 + -(-len(ids) // 4)))
-    results = []
-    with torch.inference_mode():
-        for fn in (
-            lambda: runner.model.compute_logits(runner.model(ids, pos)),
-            lambda: runner.model.forward_logits(ids, pos),
-        ):
-            with set_forward_context(runner.backend.build_metadata([AttentionRow(0, len(ids), blocks)])):
-                results.append(fn())
-    assert results[1].shape == (len(ids), runner.vocab_size)
-    assert torch.equal(results[0], results[1])

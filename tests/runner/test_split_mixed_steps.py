@@ -11,11 +11,11 @@ import torch
 from qwick import LLM, SamplingParams
 from qwick.forward_context import set_forward_context
 from qwick.layers.attention.backend import AttentionRow, OutputRows
-from tests.utils import gpu_graph_llm, record_sampled_logits
+from tests.utils import gpu_graph_llm
 
 
 class _EagerDecodeGraphs:
-    """A `DecodeGraphRunner` stand-in: a replay's result (every row's logits), eagerly."""
+    """A `DecodeGraphRunner` stand-in: a replay's result (every row's final hidden state), eagerly."""
 
     def __init__(self, runner) -> None:
         self.runner, self.num_replays = runner, 0
@@ -30,8 +30,8 @@ class _EagerDecodeGraphs:
         if patch is not None:
             patch(ids)
         self.num_replays += 1
-        with set_forward_context(md):  # logits, as the graphs that hold the LM head give them
-            return r.model.forward_logits(ids, torch.tensor(positions))
+        with set_forward_context(md):
+            return r.model(ids, torch.tensor(positions))
 
 
 class _EagerPrefillGraphs:
@@ -61,7 +61,8 @@ def _staggered(llm: LLM) -> tuple[dict[str, list[int]], list[torch.Tensor]]:
     tokens (chunked into 64 + 26 by the step budget): greedy tokens per request and every step's logits."""
     runner = llm.llm_engine.core.runner
     logits: list[torch.Tensor] = []
-    record_sampled_logits(runner, logits)
+    compute_logits = runner.model.compute_logits
+    runner.model.compute_logits = lambda h: logits.append(compute_logits(h).clone()) or logits[-1]
     eng = llm.llm_engine
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, 300, (n,), generator=g).tolist() for n in (20, 33, 90, 5)]
@@ -175,7 +176,7 @@ def test_split_steps_replay_graphs_with_the_eager_tokens(tiny_qwen2_dir, dtype, 
 
 def test_a_chunk_between_decode_rows_is_put_back_in_place(tiny_qwen2_dir):
     """The chunk in the middle of the step, and a decode row after it whose token is in flight: the split
-    step's sampling rows' logits, and what it writes into the cache, are those of one eager forward."""
+    step's sampling rows, and what it writes into the cache, are those of one eager forward."""
     llm = LLM(tiny_qwen2_dir, dtype="float32", block_size=4, max_model_len=64, enable_prefix_caching=False)
     runner = llm.llm_engine.core.runner
     runner.graph_runner, runner.prefill_graphs = _EagerDecodeGraphs(runner), _EagerPrefillGraphs(runner)
@@ -196,8 +197,8 @@ def test_a_chunk_between_decode_rows_is_put_back_in_place(tiny_qwen2_dir):
         out = OutputRows(runner.backend, [0, 6, 7], [r.last_query() for r in rows])
         ids = torch.tensor(token_ids[:7] + [41])
         with set_forward_context(runner.backend.build_metadata(rows)):
-            want = runner.model.forward_logits(ids, torch.tensor(positions), out)
-    assert got is not None and got.shape == want.shape == (3, runner.vocab_size)
+            want = runner.model(ids, torch.tensor(positions), out)
+    assert got is not None and got.shape == want.shape == (3, runner.hf_config.hidden_size)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     for layer, cache in zip(layers, split_caches):
         torch.testing.assert_close(cache, layer.kv_cache, atol=1e-6, rtol=1e-6)
