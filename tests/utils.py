@@ -133,3 +133,19 @@ def gpu_graph_llm(path: str, dtype: str, enforce_eager: bool, max_model_len: int
         max_num_seqs=8,
         num_gpu_blocks_override=256,
     )
+
+
+def record_sampled_logits(runner, sink: list[torch.Tensor]) -> None:
+    """Append a copy of every step's logits to `sink` as the runner's sampler receives them, whichever path
+    computed them (the tests compare what sampling sees, not how the logits came about)."""
+    sample = runner.sampler
+
+    class Recording:
+        def __getattr__(self, name: str):
+            return getattr(sample, name)
+
+        def __call__(self, logits: torch.Tensor, meta):
+            sink.append(logits.detach().clone())
+            return sample(logits, meta)
+
+    runner.sampler = Recording()

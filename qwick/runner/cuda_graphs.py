@@ -12,7 +12,7 @@ Design:
   `[ids(bs) | positions(bs) | slots(bs) | seq_lens(bs) | block_tables(bs x W)]` with W the block-table
   width for `max_model_len`. Each graph captured its own views of it, so a step fills a pinned host
   buffer in that layout and issues a single host-to-device copy before the replay. The graph converts
-  ids/positions/slots to int64 itself (three tiny kernels inside the graph).
+  ids/positions/slots to int64 itself (one tiny kernel inside the graph).
 - Padding rows: token 0 at position 0, slot -1 (the KV write kernel skips it), seq_len 1 over the null
   block 0: their attention reads one finite key and their outputs are ignored.
 - The Triton decode kernel's grid depends on (rows, kv heads, splits); the split count is pinned per
@@ -245,11 +245,12 @@ class DecodeGraphRunner:
         return md
 
     def _forward(self, bs: int, md: AttentionMetadata) -> torch.Tensor:
-        """The captured body: int32 inputs -> int64, then the model forward."""
-        v = self._views(bs)
-        md.slot_mapping = v["slots"].long()
+        """The captured body: int32 inputs -> int64 (ids, positions and slots lie side by side: one
+        conversion kernel for the three), then the model forward."""
+        ids, pos, slots = self.packed[: 3 * bs].long().split(bs)
+        md.slot_mapping = slots
         with set_forward_context(md):
-            return self.model(v["ids"].long(), v["pos"].long())
+            return self.model(ids, pos)
 
     # ---- capture -------------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -252,13 +252,17 @@ class PrefillGraphRunner:
         return chunk, last
 
     def _forward(self, p: int, metadata: tuple[AttentionMetadata, AttentionMetadata]) -> torch.Tensor:
-        """The captured body: int32 inputs -> int64, then the model forward to each row's last token."""
-        v = self._views(p)
+        """The captured body: int32 inputs -> int64, then the model forward to each row's last token. The
+        ids, positions, slots and last tokens lie in the buffer's first `3 p + 3 r + 1` values: one
+        conversion kernel for them all."""
         chunk, last = metadata
-        chunk.slot_mapping = v["slots"].long()
-        out = OutputRows.prebuilt(v["last"].long(), last)
+        r = self.max_rows
+        wide = self.packed[: 3 * p + 3 * r + 1].long()
+        ids, pos, slots = wide[: 3 * p].split(p)
+        chunk.slot_mapping = slots
+        out = OutputRows.prebuilt(wide[3 * p + 2 * r + 1 :], last)
         with set_forward_context(chunk):
-            return self.model(v["ids"].long(), v["pos"].long(), out)
+            return self.model(ids, pos, out)
 
     # ---- capture -------------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qwick import LLM, SamplingParams
-from tests.utils import hf_greedy, hf_logits, make_tiny_model
+from tests.utils import hf_greedy, hf_logits, make_tiny_model, record_sampled_logits
 
 VARIANTS = {
     "qwen2": ("qwen2", {}),
@@ -50,19 +50,16 @@ def tiny(request, tmp_path_factory):
 
 
 class LogitsRecorder:
-    """Wraps the runner so each request's logits rows are kept, step by step. It wraps `launch`, where
-    logits are computed: the synchronous `execute` calls it, and async scheduling calls it directly."""
+    """Wraps the runner so each request's logits rows are kept, step by step: the sampler's input
+    (`record_sampled_logits`), matched to requests in `launch`, which the synchronous `execute` calls and
+    async scheduling calls directly."""
 
     def __init__(self, llm: LLM) -> None:
         runner = llm.llm_engine.core.runner
         self.by_request: dict[str, list[torch.Tensor]] = defaultdict(list)
         captured: list[torch.Tensor] = []
-        compute_logits, launch = runner.model.compute_logits, runner.launch
-
-        def recording_logits(hidden):
-            out = compute_logits(hidden)
-            captured.append(out.detach().clone())
-            return out
+        launch = runner.launch
+        record_sampled_logits(runner, captured)
 
         def recording_launch(scheduler_output):
             captured.clear()
@@ -73,7 +70,6 @@ class LogitsRecorder:
                     self.by_request[rid].append(row)
             return result
 
-        runner.model.compute_logits = recording_logits
         runner.launch = recording_launch
 
 

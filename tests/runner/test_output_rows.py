@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from qwick import LLM, SamplingParams
+from tests.utils import record_sampled_logits
 
 PROMPTS = [
     [(7 * i) % 300 + 5 for i in range(37)],
@@ -27,14 +28,7 @@ def _run(llm: LLM, sampled_rows_only: bool):
     runner = llm.llm_engine.core.runner
     runner.sampled_rows_only = sampled_rows_only
     logits: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-
-    def recording(hidden):
-        out = compute_logits(hidden)
-        logits.append(out.detach().clone())
-        return out
-
-    runner.model.compute_logits = recording
+    record_sampled_logits(runner, logits)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     caches = [layer.kv_cache.clone() for layer in runner.model.attention_layers()]

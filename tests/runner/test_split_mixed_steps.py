@@ -11,7 +11,7 @@ import torch
 from qwick import LLM, SamplingParams
 from qwick.forward_context import set_forward_context
 from qwick.layers.attention.backend import AttentionRow, OutputRows
-from tests.utils import gpu_graph_llm
+from tests.utils import gpu_graph_llm, record_sampled_logits
 
 
 class _EagerDecodeGraphs:
@@ -61,8 +61,7 @@ def _staggered(llm: LLM) -> tuple[dict[str, list[int]], list[torch.Tensor]]:
     tokens (chunked into 64 + 26 by the step budget): greedy tokens per request and every step's logits."""
     runner = llm.llm_engine.core.runner
     logits: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-    runner.model.compute_logits = lambda h: logits.append(compute_logits(h).clone()) or logits[-1]
+    record_sampled_logits(runner, logits)
     eng = llm.llm_engine
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, 300, (n,), generator=g).tolist() for n in (20, 33, 90, 5)]
