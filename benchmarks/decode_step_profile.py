@@ -3,8 +3,10 @@
 Env: QUANT=fp8|int8|int4 (weights), DECODE_W8A8=0 (8-bit decode as W8A16), GATED_DECODE=0|1 (with
 QUANT=fp8|int8: `W8A8LinearMethod.gated_decode` without or with QUANT's codes), BATCHES=8,16,64 (step times
 at larger batches; empty skips them), INT8_BITS=0 (int8 codes in the one-row GEMV through Triton's
-conversion, not their float bits: `row_gemv_w8._INT8_BITS`), GEMV_TABLE (a JSON of launch shapes), OUT (a
-Chrome trace, then per launch shape its mean time and what it adds to the step:
+conversion, not their float bits: `row_gemv_w8._INT8_BITS`), HEAD_IN_GRAPH=1 (the LM head captured in the
+decode graphs after the final norm, as `compute_logits` runs it, its quantizing launch first; the 54th
+session's version, which lost, fused the codes into the norm: commit `c65af85`), GEMV_TABLE (a JSON of
+launch shapes), OUT (a Chrome trace, then per launch shape its mean time and what it adds to the step:
 `benchmarks/critical_path.py`)."""
 
 import cProfile
@@ -56,6 +58,15 @@ if os.environ.get("INT8_BITS") == "0":
     import qwick.kernels.row_gemv_w8 as R
 
     R._INT8_BITS = tl.constexpr(False)
+if os.environ.get("HEAD_IN_GRAPH") == "1":
+    from qwick.models.decoder import DecoderForCausalLM
+    from qwick.runner.cuda_graphs import DecodeGraphRunner
+
+    graph_forward, compute_logits = DecodeGraphRunner._forward, DecoderForCausalLM.compute_logits
+    DecodeGraphRunner._forward = lambda self, bs, md: self.model.compute_logits(graph_forward(self, bs, md))
+    DecoderForCausalLM.compute_logits = (  # the graph's output is logits already
+        lambda self, h: h if h.shape[-1] == self.config.vocab_size else compute_logits(self, h)
+    )
 llm = LLM(
     model_dir_for_shape(shape),
     load_format="dummy",

@@ -1286,11 +1286,20 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         --quantization int8 --output-json "$OUT/b1_int8_headin_$i.json"
     done
     ;;
+  headprof)  # why the LM head inside the decode graph lost (54th session): int8's batch-1 critical path
+    # with the head after the replay (the default) and captured after the final norm (HEAD_IN_GRAPH=1)
+    for h in 0 1; do
+      QUANT=int8 HEAD_IN_GRAPH=$h BATCHES= OUT=$OUT timeout 200 python benchmarks/decode_step_profile.py \
+        >"$OUT/prof_head$h.log" 2>&1
+      echo "== head in graph: $h"; grep -E "median|replay|compute_logits" "$OUT/prof_head$h.log"
+      sed -n '/what each launch adds/,$p' "$OUT/prof_head$h.log" | head -24
+    done
+    ;;
   int4diag)
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|intround|headgraph|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|intround|headgraph|headprof|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac
