@@ -253,14 +253,14 @@ class PrefillGraphRunner:
 
     def _forward(self, p: int, metadata: tuple[AttentionMetadata, AttentionMetadata]) -> torch.Tensor:
         """The captured body: int32 inputs -> int64, then the model forward to each row's last token. The
-        ids, positions, slots and last tokens lie in the buffer's first `3 p + 3 r + 1` values: one
-        conversion kernel for them all."""
+        ids, positions and slots lead the buffer and the rows' last tokens follow them closely: one
+        conversion kernel for the span up to the last tokens' end."""
         chunk, last = metadata
-        r = self.max_rows
-        wide = self.packed[: 3 * p + 3 * r + 1].long()
+        at = self._views(p)["last"].storage_offset() - self.packed.storage_offset()
+        wide = self.packed[: at + self.max_rows].long()
         ids, pos, slots = wide[: 3 * p].split(p)
         chunk.slot_mapping = slots
-        out = OutputRows.prebuilt(wide[3 * p + 2 * r + 1 :], last)
+        out = OutputRows.prebuilt(wide[at:], last)
         with set_forward_context(chunk):
             return self.model(ids, pos, out)
 
