@@ -1243,18 +1243,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     REPS_LIST=1 alternate b1_fp8_new b1_fp8_old "$OLD" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
       --quantization fp8
     ;;
-  intround)  # int8 activation codes rounded by adding and taking away 1.5 * 2^23 (`codes._ROUND_BY_ADDS`, on
-    # since the 53rd session, unmeasured there: no machine was left) against floor and a tie test: the
-    # kernels' bit tests against torch, the int8 model test, then int8 batch 1 alternating (REPS_LIST)
-    python -m pytest -q -p no:cacheprovider tests/kernels/test_w8a8_kernels.py tests/kernels/test_elementwise.py \
-      tests/kernels/test_gemv.py 2>&1 | tail -2
-    python -m pytest -q -p no:cacheprovider tests/quantization/test_w8a8_gpu.py -k "int8" 2>&1 | tail -2
-    OFF="import os, sys; os.environ['TRITON_CACHE_DIR'] = '/tmp/triton_floor'
-import triton.language as tl; import qwick.kernels.codes as C; C._ROUND_BY_ADDS = tl.constexpr(False)
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    alternate b1_int8_adds b1_int8_floor "$OFF" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
-      --quantization int8
-    ;;
   headgraph)  # tried in the 54th session and lost (int8 341.8 against 349.2, fp8 334.0 against 346.1 on
     # an H100; commit `c65af85`, reverted): the decode graphs holding the LM head behind
     # the final norm. Now: the one int64 conversion (`DecodeGraphRunner._forward`) against the three before
@@ -1299,7 +1287,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|intround|headgraph|headprof|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

@@ -33,6 +33,17 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+def _vocab_chunks(
+    b: int, vocab: int, block: int, programs_per_sm: int, device: torch.device
+) -> tuple[int, int]:
+    """(chunk, parts): each of b rows cut into `parts` chunks of `chunk` columns (whole `block`s), about
+    `programs_per_sm` programs per SM over all rows, for a kernel that reduces each chunk, then its row."""
+    blocks = triton.cdiv(vocab, block)
+    parts = max(1, min(blocks, triton.cdiv(programs_per_sm * _num_sms(device), b)))
+    chunk = triton.cdiv(blocks, parts) * block
+    return chunk, triton.cdiv(vocab, chunk)
+
+
 @triton.jit
 def _noise_quarters(seed, block_start, Q: tl.constexpr):
     """The uniforms of the `4 * Q` columns from `block_start` (a multiple of 4 * Q): four quarters of Q."""
@@ -162,11 +173,7 @@ def race_sample(
     if b == 0:
         return torch.empty((0,), dtype=torch.long, device=logits.device)
     block = NOISE_BLOCK
-    blocks = triton.cdiv(vocab, block)
-    num_sms = _num_sms(logits.device)
-    parts = max(1, min(blocks, triton.cdiv(programs_per_sm * num_sms, b)))
-    chunk = triton.cdiv(blocks, parts) * block
-    parts = triton.cdiv(vocab, chunk)
+    chunk, parts = _vocab_chunks(b, vocab, block, programs_per_sm, logits.device)
     best_val = torch.empty((b, parts), dtype=torch.float32, device=logits.device)
     best_idx = torch.empty((b, parts), dtype=torch.int32, device=logits.device)
     seeds = None if row_seeds is None else to_device(row_seeds, torch.int64, logits.device)
@@ -250,19 +257,17 @@ def greedy_argmax(logits: torch.Tensor, programs_per_sm: int = 2) -> torch.Tenso
     assert logits.stride(1) == 1
     if b == 0:
         return torch.empty((0,), dtype=torch.long, device=logits.device)
-    blocks = triton.cdiv(vocab, ARGMAX_BLOCK)
-    num_sms = _num_sms(logits.device)
-    parts = max(1, min(blocks, triton.cdiv(programs_per_sm * num_sms, b)))
-    chunk = triton.cdiv(blocks, parts) * ARGMAX_BLOCK
-    parts = triton.cdiv(vocab, chunk)
+    chunk, parts = _vocab_chunks(b, vocab, ARGMAX_BLOCK, programs_per_sm, logits.device)
     best_val = torch.empty((b, parts), dtype=torch.float32, device=logits.device)
     best_idx = torch.empty((b, parts), dtype=torch.int32, device=logits.device)
     out = torch.empty((b,), dtype=torch.long, device=logits.device)
     _argmax_chunk_kernel[(b, parts)](
         logits, best_val, best_idx, vocab, logits.stride(0), chunk, BLOCK=ARGMAX_BLOCK, num_warps=4
     )
-    # one variant per vocabulary, not per batch size (whose part counts differ): no compile while serving
+    # sized by the most chunks a row can have (one block each): one variant per vocabulary, not per batch
+    # size (whose part counts differ), so nothing compiles while serving
+    most = triton.cdiv(vocab, ARGMAX_BLOCK)
     _argmax_parts_kernel[(b,)](
-        best_val, best_idx, out, parts, vocab, BLOCK=max(16, triton.next_power_of_2(blocks)), num_warps=4
+        best_val, best_idx, out, parts, vocab, BLOCK=max(16, triton.next_power_of_2(most)), num_warps=4
     )
     return out

@@ -22,7 +22,6 @@ from qwick.core.scheduler_output import SchedulerOutput
 from qwick.device_upload import to_device
 from qwick.forward_context import set_forward_context
 from qwick.kernels import token_patch
-from qwick.kernels.token_patch import patch_token_ids
 from qwick.layers.attention.backend import (
     AttentionBackend,
     AttentionRow,
@@ -569,7 +568,7 @@ class ModelRunner:
         index, prev, n = self._patch_index[1], self._prev_sampled, len(dst)
 
         def patch(ids: torch.Tensor) -> None:
-            patch_token_ids(ids, prev, index, n)
+            token_patch.patch_token_ids(ids, prev, index, n)
 
         return patch
 
