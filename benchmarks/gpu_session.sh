@@ -1096,7 +1096,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     # across the norm's 32 warps. Its GPU tests, the norm alone in a CUDA graph, then fp8 and int8 batch 1
     # with it (the default) and with one scale per row (`decode_norm_group = 0`), alternating (REPS_LIST)
     python -m pytest -q -p no:cacheprovider tests/kernels/test_elementwise.py tests/kernels/test_w8a8_kernels.py \
-      tests/quantization/test_w8a8_layer.py -k "group or gated_w8a8 or preloaded or input_quant or fused_row" \
+      tests/quantization/test_w8a8_layer.py -k "group or gated_w8a8 or preloaded or input_quant or fused_row or lm_head" \
       2>&1 | tail -4
     python benchmarks/decode_quant_kernels.py 2>&1 | grep -E "kernel|rms_norm" | tee "$OUT/normgroup_kernels.log"
     for i in ${REPS_LIST:-1 2}; do

@@ -146,8 +146,8 @@ class W8A8LinearMethod(LinearMethod):
     # 336.9 tok/s (fp8) and 333.6 to 341.9 (int8) on the H200 (BENCHMARKS.md, fifth session of 12-01).
     decode_w8a8_max_k = 8192
     decode_group = 512
-    # The decode rows' codes that the RMSNorms write for the QKV and gate/up GEMVs: a scale per this many
-    # columns (0: one per row). A group's absmax stays within one warp of the norm (256 columns at 8 a
+    # The decode rows' codes that the RMSNorms write for the QKV and gate/up GEMVs, and those the LM head
+    # quantizes its rows to (`decode_quantize_min_n`): a scale per this many columns (0: one per row). A group's absmax stays within one warp of the norm (256 columns at 8 a
     # thread), where a scale per row takes a second reduction across all the norm's warps after the row's
     # sum of squares; the norms with codes are on the batch-1 step's critical path (3.1-3.3 us each, 56 a
     # step: BENCHMARKS.md, 42nd session). As accurate as one scale per row or more. Applies where the
@@ -547,8 +547,9 @@ class W8A8LinearMethod(LinearMethod):
             from qwick.kernels.pdl import pdl_supported
 
             scale = self.weight_scale(layer)
-            if codes is None and self._quantizes_decode_rows(n, k):
-                codes = self._quantize_x(x)
+            if codes is None and self._quantizes_decode_rows(n, k):  # the LM head's rows
+                group = self.decode_norm_group if self._norm_groups(x, n, k) else None
+                codes = self._quantize_x(x, group)  # groups: one program each, where a row takes two passes
             if codes is None and self._row_gemv(x, n, k):
                 from qwick.kernels.row_gemv_w8 import w8_row_gemv
 

@@ -154,15 +154,18 @@ def test_gpu_one_o_projection_row_takes_the_row_gemv(mode, early, monkeypatch):
 @pytest.mark.parametrize("m", [1, 16])
 def test_gpu_decode_lm_head_quantizes_its_rows(mode, m, monkeypatch):
     """An LM-head-sized layer (qwen2.5-7b's 152064 x 3584) given decode-sized rows without codes quantizes
-    them per token itself and multiplies codes by codes (W8A8), the function of every larger batch; with
-    `decode_quantize_min_n` above its width it multiplies the rows as they are (W8A16)."""
+    them itself, with a scale per `decode_norm_group` columns (per token with 0), and multiplies codes by
+    codes (W8A8); with `decode_quantize_min_n` above its width it multiplies the rows as they are (W8A16)."""
     device = _cuda()
     layer = _layer(mode, 152064, 3584, device)
     x = torch.randn(m, 3584, device=device, generator=torch.Generator(device=device).manual_seed(m))
     x = (x * torch.linspace(0.1, 3, 3584, device=device)).to(torch.bfloat16)
     w = layer.method.dense_weight(layer).double()
+    group = W8A8LinearMethod.decode_norm_group
+    xq, xs = quantize_per_token_group(x, layer.method.qdtype, group)
+    grouped = (xq.double() * xs.double().repeat_interleave(group, dim=1)) @ w.T + layer.bias.double()
     xq, xs = quantize_per_token(x, layer.method.qdtype)
-    w8a8 = (xq.double() * xs.double()) @ w.T + layer.bias.double()
+    per_token = (xq.double() * xs.double()) @ w.T + layer.bias.double()
     w8a16 = x.double() @ w.T + layer.bias.double()
 
     def check(y: torch.Tensor, ref: torch.Tensor, other: torch.Tensor) -> None:
@@ -170,9 +173,13 @@ def test_gpu_decode_lm_head_quantizes_its_rows(mode, m, monkeypatch):
         assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
         assert ((y.double() - other).norm() / other.norm()).item() > 1e-3  # not the other function
 
-    check(layer(x), w8a8, w8a16)
+    check(layer(x), grouped, w8a16)
+    assert ((layer(x).double() - grouped).norm() / (layer(x).double() - per_token).norm()).item() < 0.5
+    monkeypatch.setattr(W8A8LinearMethod, "decode_norm_group", 0)
+    check(layer(x), per_token, w8a16)
+    assert ((layer(x).double() - per_token).norm() / (layer(x).double() - grouped).norm()).item() < 0.5
     monkeypatch.setattr(W8A8LinearMethod, "decode_quantize_min_n", 1 << 30)
-    check(layer(x), w8a16, w8a8)
+    check(layer(x), w8a16, per_token)
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
