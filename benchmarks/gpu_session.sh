@@ -1093,11 +1093,9 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     ;;
   normgroup)  # the RMSNorms' decode codes with a scale per 256 columns (`W8A8LinearMethod.decode_norm_group`,
     # 55th session): each group's absmax within one warp, where a scale per row takes a second reduction
-    # across the norm's 32 warps. Its GPU tests, the norm alone in a CUDA graph, then fp8 and int8 batch 1
-    # with it (the default) and with one scale per row (`decode_norm_group = 0`), alternating (REPS_LIST)
-    python -m pytest -q -p no:cacheprovider tests/kernels/test_elementwise.py tests/kernels/test_w8a8_kernels.py \
-      tests/quantization/test_w8a8_layer.py -k "group or gated_w8a8 or preloaded or input_quant or fused_row or lm_head" \
-      2>&1 | tail -4
+    # across the norm's 32 warps; the LM head's rows quantized per 256 columns too. The norm alone in a
+    # CUDA graph, fp8 and int8 batch 1 with groups (the default) and with one scale per row
+    # (`decode_norm_group = 0`), alternating (REPS_LIST), then the GPU tests of what it touches
     python benchmarks/decode_quant_kernels.py 2>&1 | grep -E "kernel|rms_norm" | tee "$OUT/normgroup_kernels.log"
     for i in ${REPS_LIST:-1 2}; do
       for q in int8 fp8; do
@@ -1107,6 +1105,9 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
           --shape qwen2.5-7b $SHORT --quantization "$q"
       done
     done
+    python -m pytest -q -p no:cacheprovider tests/kernels/test_elementwise.py tests/kernels/test_w8a8_kernels.py \
+      tests/quantization/test_w8a8_layer.py -k "group or gated_w8a8 or preloaded or input_quant or fused_row or lm_head" \
+      2>&1 | tail -4
     ;;
   normgroupgpu)  # the model-level GPU tests the grouped norm codes touch (after `normgroup`)
     python -m pytest -q -p no:cacheprovider tests/quantization/test_w8a8_gpu.py tests/runner/test_cuda_graphs.py \
