@@ -1094,14 +1094,14 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
   normgroup)  # the RMSNorms' decode codes with a scale per 256 columns (`W8A8LinearMethod.decode_norm_group`,
     # 55th session): each group's absmax within one warp, where a scale per row takes a second reduction
     # across the norm's 32 warps; the LM head's rows quantized per 256 columns too. The norm alone in a
-    # CUDA graph, fp8 and int8 batch 1 with groups (the default) and with one scale per row
-    # (`decode_norm_group = 0`), alternating (REPS_LIST), then the GPU tests of what it touches
+    # CUDA graph, fp8 and int8 batch 1 with one scale per row (the default while untimed) and with groups
+    # (`decode_norm_group = 256`), alternating (REPS_LIST), then the GPU tests of what it touches
     python benchmarks/decode_quant_kernels.py 2>&1 | grep -E "kernel|rms_norm" | tee "$OUT/normgroup_kernels.log"
     for i in ${REPS_LIST:-1 2}; do
       for q in int8 fp8; do
-        ROW="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as W; W.decode_norm_group = 0
+        GRP="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as W; W.decode_norm_group = 256
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-        REPS_LIST=$i alternate "b1_${q}_groups" "b1_${q}_rows" "$ROW" bench latency --num-iters 3 \
+        REPS_LIST=$i alternate "b1_${q}_rows" "b1_${q}_groups" "$GRP" bench latency --num-iters 3 \
           --shape qwen2.5-7b $SHORT --quantization "$q"
       done
     done

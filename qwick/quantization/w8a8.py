@@ -147,12 +147,14 @@ class W8A8LinearMethod(LinearMethod):
     decode_w8a8_max_k = 8192
     decode_group = 512
     # The decode rows' codes that the RMSNorms write for the QKV and gate/up GEMVs, and those the LM head
-    # quantizes its rows to (`decode_quantize_min_n`): a scale per this many columns (0: one per row). A group's absmax stays within one warp of the norm (256 columns at 8 a
-    # thread), where a scale per row takes a second reduction across all the norm's warps after the row's
-    # sum of squares; the norms with codes are on the batch-1 step's critical path (3.1-3.3 us each, 56 a
-    # step: BENCHMARKS.md, 42nd session). As accurate as one scale per row or more. Applies where the
-    # GEMV's K tiles divide the groups (and they divide K).
-    decode_norm_group = 256
+    # quantizes its rows to (`decode_quantize_min_n`): a scale per this many columns (0: one per row).
+    # A group's absmax stays within one warp of the norm (256 columns at 8 a thread), where a scale per
+    # row takes a second reduction across all the norm's warps after the row's sum of squares; the norms
+    # with codes are on the batch-1 step's critical path (3.1-3.3 us each, 56 a step: BENCHMARKS.md, 42nd
+    # session). Every group's scale is at most its row's, so the codes are as accurate or more. Applies
+    # where the GEMV's K tiles divide the groups and the groups divide K. Off until timed and tested on a
+    # GPU (written in the 55th session, which got no machine): 256 turns it on.
+    decode_norm_group = 0
     # Decode-sized inputs that come without codes (the o projection's, the LM head's): W8A16, except in
     # layers with at least this many outputs (LM heads), which quantize the rows in a launch of their own
     # (per token, as at every larger batch) and take codes times codes. There the W8A16 GEMV's conversion

@@ -154,14 +154,16 @@ def test_gpu_one_o_projection_row_takes_the_row_gemv(mode, early, monkeypatch):
 @pytest.mark.parametrize("m", [1, 16])
 def test_gpu_decode_lm_head_quantizes_its_rows(mode, m, monkeypatch):
     """An LM-head-sized layer (qwen2.5-7b's 152064 x 3584) given decode-sized rows without codes quantizes
-    them itself, with a scale per `decode_norm_group` columns (per token with 0), and multiplies codes by
-    codes (W8A8); with `decode_quantize_min_n` above its width it multiplies the rows as they are (W8A16)."""
+    them itself, with a scale per `decode_norm_group` columns (here 256; per token with 0), and multiplies
+    codes by codes (W8A8); with `decode_quantize_min_n` above its width it multiplies the rows as they are
+    (W8A16)."""
     device = _cuda()
     layer = _layer(mode, 152064, 3584, device)
     x = torch.randn(m, 3584, device=device, generator=torch.Generator(device=device).manual_seed(m))
     x = (x * torch.linspace(0.1, 3, 3584, device=device)).to(torch.bfloat16)
     w = layer.method.dense_weight(layer).double()
-    group = W8A8LinearMethod.decode_norm_group
+    group = 256
+    monkeypatch.setattr(W8A8LinearMethod, "decode_norm_group", group)
     xq, xs = quantize_per_token_group(x, layer.method.qdtype, group)
     grouped = (xq.double() * xs.double().repeat_interleave(group, dim=1)) @ w.T + layer.bias.double()
     xq, xs = quantize_per_token(x, layer.method.qdtype)

@@ -332,6 +332,7 @@ def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
     rows = lambda m, dtype=torch.bfloat16: torch.zeros(m, 320, dtype=dtype, device="cuda")  # noqa: E731
     assert layer.input_quant(rows(16)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)  # 320: no groups of 256
     wide = W8A8LinearMethod(qdtype, checkpoint=False)  # K a multiple of `decode_norm_group`: its groups
+    wide.decode_norm_group = 256
     wide_layer = _layer(wide, 288, 512, bias=False, dtype=torch.bfloat16).cuda()
     wide.workspace = method.workspace
     wide_rows = lambda m: torch.zeros(m, 512, dtype=torch.bfloat16, device="cuda")  # noqa: E731
