@@ -249,9 +249,9 @@ def _store_group_codes(
     GROUP: tl.constexpr,
 ):
     """The codes of the row y [BLOCK] (masked lanes 0) with a scale per GROUP columns, each its group's
-    absmax over qmax: the scales to `s_row`, the codes to `q_row`. Where each warp holds whole groups (a
-    warp's 256 columns at 8 a thread, `_norm_warps`), the absmax is a reduction within the warp, where a
-    scale per row takes a second one across the block's warps."""
+    absmax over qmax: the scales to `s_row`, the codes to `q_row`. Where each warp holds whole groups (for
+    16-bit rows a warp's 256 columns at 8 a thread, `_norm_warps`), the absmax is a reduction within the
+    warp, where a scale per row takes a second one across the block's warps."""
     BLOCK: tl.constexpr = y.shape[0]
     G: tl.constexpr = BLOCK // GROUP
     yg = tl.reshape(y.to(tl.float32), (G, GROUP))
