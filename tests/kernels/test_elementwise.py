@@ -238,14 +238,16 @@ def test_silu_codes_in_registers(n, qdtype):
     ],
 )
 @pytest.mark.parametrize("rows", [1, 3])
-def test_fused_group_quantization(op, group, cols, dtype, qdtype, rows):
+def test_fused_group_quantization(op, group, cols, dtype, qdtype, rows, monkeypatch):
     """Codes with a scale per group of columns (`RowQuant.group`, what decode-sized W8A8 GEMVs ask for):
     SiLU-and-mul writes them from one program per row and group, RMSNorm from its one program per row
     (a group wider than the row's block through a quantization launch of its own); either way the output
     is that of the plain kernel and the codes and scales are bit-identical to the torch oracle's per-group
     quantization of it, a partial last group and an all-zero group included. With groups the norm may run
     more warps than the plain one (16 at 3584 columns against 8), whose sum of squares may round
-    differently in its last bit: there the outputs agree to one rounding step."""
+    differently in its last bit: there the outputs agree to one rounding step. Groups that fit the
+    row's block never reach the separate quantization launch."""
+    import qwick.kernels.w8a8 as W
     from qwick.kernels.elementwise import _norm_warps, rms_norm, silu_and_mul
     from qwick.layers.linear import RowQuant
     from qwick.quantization.w8a8 import _MIN_AMAX, qmax, quantize_per_token_group
@@ -263,8 +265,12 @@ def test_fused_group_quantization(op, group, cols, dtype, qdtype, rows):
         x = torch.randn(rows, cols, device=dev, generator=g).to(dtype)
         x[0, 256:512] = 0.0  # an all-zero group of 256 (half of one of 512)
         weight = torch.randn(cols, device=dev, generator=g).to(dtype)
-        plain, fused = rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6, quant=quant)
         block = 1 << (cols - 1).bit_length()
+        apart = W.quantize_rows
+        launches = []
+        monkeypatch.setattr(W, "quantize_rows", lambda *a, **k: launches.append(a) or apart(*a, **k))
+        plain, fused = rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6, quant=quant)
+        assert len(launches) == (1 if group > block else 0)  # in the norm's own launch where it fits
         same_launch = group > block or _norm_warps(block, rows, True, True) == _norm_warps(block, rows, False)
     assert fused.group == group
     if same_launch:
