@@ -1071,6 +1071,12 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
     SHAPES=${SHAPES:-"gate_up down"} STAGES=${STAGES:-8} timeout ${RING_LIMIT:-240} \
       python benchmarks/int4_ring_gemv.py "$OUT/int4_ring_gemv.json" 2>&1 | grep -v Warning | cut -c1-300
     ;;
+  staged)  # the int4 GEMV with the activation pairs staged in shared memory once per program and no barrier
+    # in its loop (`benchmarks/int4_staged_gemv.py`, a Gluon prototype, 56th session), beside the f16x2
+    # default at the four 7b shapes: the default's launch shape, then rows, warps and the two-tile prefetch
+    timeout ${STAGED_LIMIT:-300} python benchmarks/int4_staged_gemv.py "$OUT/int4_staged_gemv.json" 2>&1 \
+      | grep -v Warning | cut -c1-300
+    ;;
   widetiles)  # the f16x2 int4 GEMV in 64-word tiles beside the default 32 (`benchmarks/int4_wide_tiles.py`,
     # CUDA graphs over L2-overflowing copies): one bar.sync pair a program per 1,024 code bytes, not 512
     python benchmarks/int4_wide_tiles.py "$OUT/int4_wide_tiles.json" 2>&1 | grep -v Warning
@@ -1309,7 +1315,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|normgroup|normgroupgpu|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|normgroup|normgroupgpu|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac
