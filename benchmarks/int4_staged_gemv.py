@@ -25,7 +25,7 @@ K splits add their fp32 sums with atomics into a zeroed output: the check zeroes
 do not (the engine's split-K instead writes partials and its last program sums them), so split launches
 here leave out one memset and include their atomics.
 
-    python benchmarks/int4_staged_gemv.py out.json   # env SHAPES, BNS, WARPS, PREFETCH ("0 1")
+    python benchmarks/int4_staged_gemv.py out.json   # env SHAPES, BNS, BWS, WARPS, PREFETCH ("0 1")
     OFFLINE=1 python benchmarks/int4_staged_gemv.py      # no GPU: compile for sm_90, print SASS counts
 
 Offline (56th session, Triton 3.6, sm_90 SASS): one `BAR.SYNC` in the whole kernel (the f16x2 kernel: two a
@@ -199,15 +199,17 @@ def launch(qw, pairs: torch.Tensor, y: torch.Tensor, cfg: StagedConfig) -> torch
 
 
 def candidates(n: int, kw: int, num_sms: int) -> list[StagedConfig]:
-    """The f16x2 default's rows, warps and split, then the swept rows, warps and prefetch at its split."""
+    """The f16x2 default's rows, warps and split, then the swept rows, tile widths (BWS, words), warps and
+    prefetch at its split."""
     base = default_half2_config(n, kw, num_sms)
     out = [StagedConfig(base.block_n, base.block_k, base.split_k, base.num_warps, base.prefetch)]
     bns = [int(v) for v in os.environ.get("BNS", "32 64").split()]
+    bws = [int(v) for v in os.environ.get("BWS", str(base.block_k)).split()]
     warps = [int(v) for v in os.environ.get("WARPS", "2 4 8").split()]
     pfs = [bool(int(v)) for v in os.environ.get("PREFETCH", "0 1").split()]
-    for bn, w, pf in itertools.product(bns, warps, pfs):
-        cfg = StagedConfig(bn, base.block_k, base.split_k, w, pf)
-        if cfg not in out and bn % (32 // (base.block_k // 4) * w) == 0:  # whole warps of rows
+    for bn, bw, w, pf in itertools.product(bns, bws, warps, pfs):
+        cfg = StagedConfig(bn, bw, base.split_k, w, pf)
+        if cfg not in out and kw % bw == 0 and bn % (32 // (bw // 4) * w) == 0:  # whole warps of rows
             out.append(cfg)
     return out
 
