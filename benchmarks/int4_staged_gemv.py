@@ -21,9 +21,8 @@ warps; it lost (30.5 us against 26.7 at gate/up). Here only the pairs move:
 - the decode and products are the f16x2 kernel's (`DOT4_ASM`, 13 instructions a word); PREFETCH keeps a
   second tile in flight (A and B alternating, as `RowGemvConfig.prefetch`).
 
-K splits add their fp32 sums with atomics into a zeroed output: the check zeroes it; the timed replays
-do not (the engine's split-K instead writes partials and its last program sums them), so split launches
-here leave out one memset and include their atomics.
+K splits end as the engine's (`gemv.split_k_epilogue`): each program writes its partial sums, and the row
+block's last program to finish (an acq_rel counter) adds them in split order and writes the output.
 
     python benchmarks/int4_staged_gemv.py out.json   # env SHAPES, BNS, BWS, WARPS, PREFETCH ("0 1")
     OFFLINE=1 python benchmarks/int4_staged_gemv.py      # no GPU: compile for sm_90, print SASS counts
@@ -94,6 +93,8 @@ def _staged_kernel(
     s_ptr,
     z_ptr,
     y_ptr,
+    ws_ptr,
+    counter_ptr,
     N,
     stride_qn,
     stride_sn,
@@ -179,19 +180,35 @@ def _staged_kernel(
     out = gl.sum(acc, axis=1) * _X_DIV
     if SPLIT == 1:
         gl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=ok)
-    else:
-        gl.atomic_add(y_ptr + rows, out, mask=ok, sem="relaxed")
+    else:  # as the engine's `split_k_epilogue`: partials [SPLIT, N], the row block's last program sums them
+        gl.store(ws_ptr + gl.program_id(1) * N + rows, out, mask=ok)
+        gl.thread_barrier()  # every thread's partial is written before the release below
+        done = gl.atomic_add(counter_ptr + rb, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT - 1:
+            total = gl.zeros([BN], gl.float32, RL)
+            for k in range(SPLIT):
+                total += gl.load(ws_ptr + k * N + rows, mask=ok, other=0.0, cache_modifier=".cg")
+            gl.store(y_ptr + rows, total.to(y_ptr.dtype.element_ty), mask=ok)
+            gl.atomic_xchg(counter_ptr + rb, 0, sem="relaxed", scope="gpu")
 
 
-def launch(qw, pairs: torch.Tensor, y: torch.Tensor, cfg: StagedConfig) -> torch.Tensor:
-    """y [1, N] (bf16 at split 1, else fp32, zeroed by the caller) from x's `half_pairs`."""
+class Scratch:
+    """The split-K partials and the row blocks' counters (zero between launches), shared by every layer."""
+
+    def __init__(self, dev: torch.device) -> None:
+        self.partials = torch.empty(1 << 22, dtype=torch.float32, device=dev)
+        self.counters = torch.zeros(1 << 14, dtype=torch.int32, device=dev)
+
+
+def launch(qw, pairs: torch.Tensor, y: torch.Tensor, cfg: StagedConfig, scratch: Scratch) -> torch.Tensor:
+    """y [1, N] from x's `half_pairs`."""
     n, kw = qw.qweight.shape
     assert kw % cfg.block_w == 0
     n_kt = triton.cdiv(kw // cfg.block_w, cfg.split_k)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     _staged_kernel[grid](
-        qw.qweight, pairs, qw.scales, qw.zeros, y, n, qw.qweight.stride(0), qw.scales.stride(0), kw // 4,
-        n_kt,
+        qw.qweight, pairs, qw.scales, qw.zeros, y, scratch.partials, scratch.counters, n,
+        qw.qweight.stride(0), qw.scales.stride(0), kw // 4, n_kt,
         SPLIT=cfg.split_k, BN=cfg.block_n, BW=cfg.block_w, WARPS=cfg.warps, GROUP_W=qw.group_size // 8,
         NKT_PAD=triton.next_power_of_2(n_kt), PREFETCH=cfg.prefetch, num_warps=cfg.warps,
     )  # fmt: skip
@@ -226,14 +243,14 @@ def offline() -> None:
         for cfg in candidates(n, kw, 132)[:1] + [StagedConfig(prefetch=True)] * (name == "gate_up"):
             n_kt = triton.cdiv(kw // cfg.block_w, cfg.split_k)
             sig = {"qw_ptr": "*i32", "p_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8"}
-            sig |= {"y_ptr": "*bf16" if cfg.split_k == 1 else "*fp32"}
+            sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
             sig |= {a: "i32" for a in ("N", "stride_qn", "stride_sn", "n_quads", "n_kt")}
             const = dict(
                 SPLIT=cfg.split_k, BN=cfg.block_n, BW=cfg.block_w, WARPS=cfg.warps, GROUP_W=16,
                 NKT_PAD=triton.next_power_of_2(n_kt), PREFETCH=cfg.prefetch,
             )  # fmt: skip
             names = list(sig)
-            divisible = [*names[:5], "N", "stride_qn", "stride_sn", "n_quads"]  # pointers, rows, strides
+            divisible = [*names[:7], "N", "stride_qn", "stride_sn", "n_quads"]  # pointers, rows, strides
             attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in divisible}
             src = GluonASTSource(
                 fn=_staged_kernel,
@@ -251,6 +268,7 @@ def offline() -> None:
 def main() -> None:
     dev = torch.device("cuda")
     ws = workspace(dev)
+    scratch = Scratch(dev)
     report = {}
     for name, (n, k) in SHAPES.items():
         qw, x, ref, copies = layer_inputs(n, k, dev)
@@ -265,9 +283,9 @@ def main() -> None:
         rows = [{"candidate": "f16x2 default", "us": t, "tb_s": qw.nbytes / t / 1e6}]
         print(f"{name:8s} {'f16x2 default':40s} {t:7.2f} us {qw.nbytes / t / 1e6:5.2f} TB/s", flush=True)
         for cfg in candidates(n, k // 8, ws.num_sms):
-            y = torch.zeros(1, n, device=dev, dtype=torch.bfloat16 if cfg.split_k == 1 else torch.float32)
+            y = torch.zeros(1, n, device=dev, dtype=torch.bfloat16)
             try:
-                err = ((launch(qw, pairs, y, cfg).double() - ref).norm() / ref.norm()).item()
+                err = ((launch(qw, pairs, y, cfg, scratch).double() - ref).norm() / ref.norm()).item()
             except Exception as e:  # a launch shape that does not compile or fit: reported, not fatal
                 print(f"{name} {cfg}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue
@@ -280,7 +298,7 @@ def main() -> None:
 
             def staged(copies=copies, y=y, pairs=pairs, cfg=cfg) -> None:
                 for c in copies:
-                    launch(c, pairs, y, cfg)
+                    launch(c, pairs, y, cfg, scratch)
 
             t = graph_us(staged, len(copies))
             rows.append({"candidate": label, "us": t, "tb_s": qw.nbytes / t / 1e6, "err": err})
