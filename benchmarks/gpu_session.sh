@@ -1077,6 +1077,15 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
     timeout ${STAGED_LIMIT:-300} python benchmarks/int4_staged_gemv.py "$OUT/int4_staged_gemv.json" 2>&1 \
       | grep -v Warning | cut -c1-300
     ;;
+  stagedab)  # the staged int4 GEMV in the engine (`int4_staged_gemv.install`: decode's QKV, gated gate/up and
+    # down at the f16x2 launch shapes, o and its norm tail unchanged): its outputs against the f16x2 kernel's
+    # (CHECK=1, exits 1 past 2e-3), then int4 batch 1 without and with it, alternating (REPS_LIST)
+    CHECK=1 timeout 240 python benchmarks/int4_staged_gemv.py 2>&1 | grep -v Warning | tail -12 || exit 1
+    STAGED="import sys; sys.path.insert(0, 'benchmarks'); import int4_staged_gemv as s; s.install()
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    alternate b1_int4_f16x2 b1_int4_staged "$STAGED" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
+      --quantization int4
+    ;;
   widetiles)  # the f16x2 int4 GEMV in 64-word tiles beside the default 32 (`benchmarks/int4_wide_tiles.py`,
     # CUDA graphs over L2-overflowing copies): one bar.sync pair a program per 1,024 code bytes, not 512
     python benchmarks/int4_wide_tiles.py "$OUT/int4_wide_tiles.json" 2>&1 | grep -v Warning
@@ -1315,7 +1324,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|normgroup|normgroupgpu|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|stagedab|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|normgroup|normgroupgpu|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

@@ -26,6 +26,11 @@ block's last program to finish (an acq_rel counter) adds them in split order and
 
     python benchmarks/int4_staged_gemv.py out.json   # env SHAPES, BNS, BWS, WARPS, PREFETCH ("0 1")
     OFFLINE=1 python benchmarks/int4_staged_gemv.py      # no GPU: compile for sm_90, print SASS counts
+    CHECK=1 python benchmarks/int4_staged_gemv.py        # the engine's calls against the f16x2 kernel
+
+In the engine (`install()`, for A/B runs: `gpu_session.sh stagedab`), the kernel takes the f16x2 kernel's
+batch-1 options where its input is the producer's pairs: the bias, a constant zero point, SiLU-and-mul with
+the output's pairs (gate/up), PDL's preload of the first tile and trigger after the loop.
 
 Offline (56th session, Triton 3.6, sm_90 SASS): one `BAR.SYNC` in the whole kernel (the f16x2 kernel: two a
 tile), 16 `LDSM` and two `LDG.128` a tile, 40 registers a thread against the f16x2 kernel's 54 (so 12
@@ -38,7 +43,7 @@ import itertools
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -48,7 +53,7 @@ from triton.experimental.gluon import language as gl
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from int4_half2_sweep import graph_us, layer_inputs, workspace  # noqa: E402  (beside this script)
-from int4_ring_gemv import SHAPES, _f16_pair, _scales, _x  # noqa: E402
+from int4_ring_gemv import SHAPES, _f16_pair, _x  # noqa: E402
 
 from qwick.kernels.row_gemv_half2 import DOT4_ASM, X_DIV, default_half2_config, half_pairs, w4_half2_gemv  # noqa: E402
 
@@ -66,12 +71,41 @@ class StagedConfig:
 
 
 @gluon.jit
+def _pdl_wait():
+    """`qwick.kernels.pdl.pdl_wait` in Gluon."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], gl.int32, False, 1)
+
+
+@gluon.jit
+def _pdl_trigger():
+    """`qwick.kernels.pdl.pdl_trigger` in Gluon."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], gl.int32, False, 1)
+
+
+@gluon.jit
+def _group_scales(
+    s_ptr, z_ptr, rows, ok, kt, quad4, stride_sn, BW: gl.constexpr, GROUP_W: gl.constexpr,
+    ZERO_POINT: gl.constexpr, ZERO_MODE: gl.constexpr,
+):  # fmt: skip
+    """[BN, C] scales and zero points (fp32) of tile kt's quads for `rows` (a constant zero point unless
+    ZERO_MODE is 1, `w4a16.ZERO_TENSOR`)."""
+    g = (kt * BW + quad4) // GROUP_W
+    off = gl.expand_dims(rows.to(gl.int64) * stride_sn, 1) + gl.expand_dims(g, 0)
+    mask = gl.expand_dims(ok, 1)
+    sc = gl.load(s_ptr + off, mask=mask, other=0.0).to(gl.float32)
+    if ZERO_MODE == 1:
+        z = gl.load(z_ptr + off, mask=mask, other=0).to(gl.float32)
+    else:
+        z = gl.zeros_like(sc) + ZERO_POINT
+    return sc, z
+
+
+@gluon.jit
 def _tile_part(w, xs, kt, sc, z, BN: gl.constexpr, C: gl.constexpr, NKT_PAD: gl.constexpr, LW: gl.constexpr):
     """[BN, C] scaled sums of one code tile w [BN, 4 C] (tile kt of the program's split)."""
     wa, wb = gl.split(gl.reshape(w, [BN, C, 2, 2]))
     w0, w2 = gl.split(wa)
     w1, w3 = gl.split(wb)
-    zf = z.to(gl.float32)
     part = gl.inline_asm_elementwise(
         _DOT4, "=r" + ",r" * 22,
         [w0, w1, w2, w3,
@@ -80,10 +114,55 @@ def _tile_part(w, xs, kt, sc, z, BN: gl.constexpr, C: gl.constexpr, NKT_PAD: gl.
          _x(xs, kt, 6, NKT_PAD, LW), _x(xs, kt, 7, NKT_PAD, LW), _x(xs, kt, 8, NKT_PAD, LW),
          _x(xs, kt, 9, NKT_PAD, LW), _x(xs, kt, 10, NKT_PAD, LW), _x(xs, kt, 11, NKT_PAD, LW),
          _x(xs, kt, 12, NKT_PAD, LW), _x(xs, kt, 13, NKT_PAD, LW), _x(xs, kt, 14, NKT_PAD, LW),
-         _x(xs, kt, 15, NKT_PAD, LW), _f16_pair(zf + 1024.0), _f16_pair(-(zf + 64.0))],
+         _x(xs, kt, 15, NKT_PAD, LW), _f16_pair(z + 1024.0), _f16_pair(-(z + 64.0))],
         dtype=gl.float32, is_pure=True, pack=1,
     )  # fmt: skip
-    return sc.to(gl.float32) * part
+    return sc * part
+
+
+@gluon.jit
+def _tile_rows(rb, N, BN: gl.constexpr, layout: gl.constexpr, GATED: gl.constexpr):
+    """Row block rb's rows (in `layout`) and which are in range; GATED (`gemv.gated_rows`): BN / 2 gate
+    rows, then the up rows of the same outputs, N / 2 further on."""
+    r = gl.arange(0, BN, layout=layout)
+    if GATED:
+        outs = rb * (BN // 2) + r % (BN // 2)
+        return outs + (r // (BN // 2)) * (N // 2), outs < N // 2
+    else:
+        return rb * BN + r, rb * BN + r < N
+
+
+@gluon.jit
+def _gated_epilogue(
+    out, b_ptr, y_ptr, pout_ptr, rows, ok, rb, N, HAS_BIAS: gl.constexpr, OUT_PAIRS: gl.constexpr,
+    OUT_INV_DIV: gl.constexpr, BN: gl.constexpr, WARPS: gl.constexpr,
+):  # fmt: skip
+    """`row_gemv_half2._gated_epilogue` of the row block's sums (`gated_rows` order): gate and up (+ bias)
+    rounded to y's dtype, silu(gate) * up stored, and with OUT_PAIRS its `HalfPairs` (`store_half_pairs`)."""
+    HALF: gl.constexpr = BN // 2
+    if HAS_BIAS:
+        out += gl.load(b_ptr + rows, mask=ok, other=0.0).to(gl.float32)
+    y = out.to(y_ptr.dtype.element_ty)
+    G2: gl.constexpr = gl.BlockedLayout([2, 1], [1, 32], [1, WARPS], [0, 1])  # gate and up in one thread
+    gate, up = gl.split(gl.permute(gl.convert_layout(gl.reshape(y, [2, HALF]), G2), [1, 0]))
+    cols = gl.expand_dims(gl.arange(0, HALF, layout=gl.SliceLayout(0, G2)), 0) + gl.zeros(
+        [2, HALF], gl.int32, G2
+    )
+    col, _ = gl.split(gl.permute(cols, [1, 0]))
+    g = gate.to(gl.float32)
+    act = (g / (1.0 + gl.exp(-g))).to(gate.dtype).to(gl.float32)  # `swiglu.silu_times`
+    act = (act * up.to(gl.float32)).to(gate.dtype)
+    outs = rb * HALF + col
+    gl.store(y_ptr + outs, act, mask=outs < N // 2)
+    if OUT_PAIRS:  # words of eight outputs: (x_p, x_{p+4}) * OUT_INV_DIV in fp16, x_p in the low half
+        P8: gl.constexpr = gl.BlockedLayout([8], [32], [WARPS], [0])
+        h = (gl.convert_layout(act, P8).to(gl.float32) * OUT_INV_DIV).to(gl.float16)
+        h = h.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        lo, hi = gl.split(gl.permute(gl.reshape(h, [HALF // 8, 2, 4]), [0, 2, 1]))
+        i = gl.arange(0, HALF, layout=P8)
+        i_lo, _ = gl.split(gl.permute(gl.reshape(i, [HALF // 8, 2, 4]), [0, 2, 1]))
+        word = rb * (HALF // 8) + i_lo // 8
+        gl.store(pout_ptr + 4 * word + i_lo % 8, lo | (hi << 16), mask=word < N // 16)
 
 
 @gluon.jit
@@ -92,7 +171,9 @@ def _staged_kernel(
     p_ptr,
     s_ptr,
     z_ptr,
+    b_ptr,
     y_ptr,
+    pout_ptr,
     ws_ptr,
     counter_ptr,
     N,
@@ -100,6 +181,9 @@ def _staged_kernel(
     stride_sn,
     n_quads,
     n_kt,
+    ZERO_POINT: gl.constexpr,
+    ZERO_MODE: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
     SPLIT: gl.constexpr,
     BN: gl.constexpr,
     BW: gl.constexpr,
@@ -107,9 +191,17 @@ def _staged_kernel(
     GROUP_W: gl.constexpr,
     NKT_PAD: gl.constexpr,
     PREFETCH: gl.constexpr,
+    GATED: gl.constexpr,
+    OUT_PAIRS: gl.constexpr,
+    OUT_INV_DIV: gl.constexpr,
+    PRELOAD: gl.constexpr,
+    TRIGGER: gl.constexpr,
 ):
-    """y[n] = sum_k (q[n, k] - z) * s * x[k] over K split program_id(1) (up to n_kt tiles of BW words,
-    the last split fewer or none) for the BN rows of row block program_id(0)."""
+    """y[n] = sum_k (q[n, k] - z) * s * x[k] (+ b[n]) over K split program_id(1) (up to n_kt tiles of BW
+    words, the last split fewer or none) for the BN rows of row block program_id(0); x as its `half_pairs`.
+    The f16x2 kernel's options: GATED (+ OUT_PAIRS) its SiLU-and-mul epilogue (one split); PRELOAD the
+    split's first tile loaded before `pdl_wait` (everything this kernel's predecessor writes comes after);
+    TRIGGER `pdl_trigger` once the loop is done."""
     C: gl.constexpr = BW // 4
     L2: gl.constexpr = gl.BlockedLayout([1, 4], [32 // C, C], [WARPS, 1], [1, 0])  # a quad's words a thread
     probe = gl.zeros([BN, BW], gl.int32, L2)  # the layout of one word of each quad, as the loop splits it
@@ -123,9 +215,26 @@ def _staged_kernel(
     last = n_quads // C - 1  # the row's last tile: tiles past the split's end read it with scale 0
     n_here = gl.minimum(n_kt, last + 1 - kt0)  # tiles in this split (<= 0: none)
 
+    # the code tiles straight from global memory, in the layout the products take them
+    rows_w, ok_w = _tile_rows(rb, N, BN, gl.SliceLayout(1, L2), GATED)
+    cols_w = gl.arange(0, BW, layout=gl.SliceLayout(0, L2))
+    w_ptrs = (
+        qw_ptr + gl.expand_dims(rows_w.to(gl.int64) * stride_qn, 1) + gl.expand_dims(kt0 * BW + cols_w, 0)
+    )
+    w_mask = gl.expand_dims(ok_w, 1)
+    rows, ok = _tile_rows(rb, N, BN, RL, GATED)
+    quad4 = gl.arange(0, C, layout=XL) * 4
+    ka = gl.minimum(kt0, last) - kt0
+    w_a = gl.load(w_ptrs + ka * BW, mask=w_mask, other=0)
+    s_a, z_a = _group_scales(
+        s_ptr, z_ptr, rows, ok, kt0 + ka, quad4, stride_sn, BW, GROUP_W, ZERO_POINT, ZERO_MODE
+    )
+    s_a = gl.where(n_here > 0, s_a, 0.0)
+    if PRELOAD:
+        _pdl_wait()
+
     # the split's activation pairs into xs [16 * NKT_PAD, 1, C], pair r of tile kt's quads in row
-    # r * NKT_PAD + kt, once
-    # (`half_pairs` holds pair r of quad j at 16 j + r: a thread reads one quad's 16, 64 bytes)
+    # r * NKT_PAD + kt, once (`half_pairs` holds pair r of quad j at 16 j + r: a thread reads one quad's 16)
     SL3: gl.constexpr = gl.BlockedLayout([16, 1, 1], [1, 32 // C, C], [1, WARPS, 1], [0, 2, 1])
     r3 = gl.expand_dims(
         gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3))), 1), 2
@@ -144,41 +253,46 @@ def _staged_kernel(
     gl.thread_barrier()
     xs = xs._reinterpret(gl.int32, [16 * NKT_PAD, 1, C], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
-    # the code tiles straight from global memory, in the layout the products take them
-    rows_w = rb * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
-    cols_w = gl.arange(0, BW, layout=gl.SliceLayout(0, L2))
-    w_ptrs = (
-        qw_ptr + gl.expand_dims(rows_w.to(gl.int64) * stride_qn, 1) + gl.expand_dims(kt0 * BW + cols_w, 0)
-    )
-    w_mask = gl.expand_dims(rows_w < N, 1)
-    rows = rb * BN + gl.arange(0, BN, layout=RL)
-    ok = rows < N
-    quad4 = gl.arange(0, C, layout=XL) * 4
     acc = gl.zeros([BN, C], gl.float32, LW)
     if PREFETCH:  # tiles A (even) and B (odd) in flight together; B past the end: the last tile, scale 0
-        ka = gl.minimum(kt0, last) - kt0
-        w_a = gl.load(w_ptrs + ka * BW, mask=w_mask, other=0)
-        s_a, z_a = _scales(s_ptr, z_ptr, rows, ok, kt0 + ka, quad4, stride_sn, BW, GROUP_W)
         for kt in range(0, n_here, 2):
             kb = gl.minimum(kt + 1, n_here - 1)
             w_b = gl.load(w_ptrs + kb * BW, mask=w_mask, other=0)
-            s_b, z_b = _scales(s_ptr, z_ptr, rows, ok, kt0 + kb, quad4, stride_sn, BW, GROUP_W)
+            s_b, z_b = _group_scales(
+                s_ptr, z_ptr, rows, ok, kt0 + kb, quad4, stride_sn, BW, GROUP_W, ZERO_POINT, ZERO_MODE
+            )
             s_b = gl.where(kt + 1 < n_here, s_b, 0.0)
             acc += _tile_part(w_a, xs, kt, s_a, z_a, BN, C, NKT_PAD, LW)
             ka = gl.minimum(kt + 2, n_here - 1)
             w_a = gl.load(w_ptrs + ka * BW, mask=w_mask, other=0)
-            s_a, z_a = _scales(s_ptr, z_ptr, rows, ok, kt0 + ka, quad4, stride_sn, BW, GROUP_W)
+            s_a, z_a = _group_scales(
+                s_ptr, z_ptr, rows, ok, kt0 + ka, quad4, stride_sn, BW, GROUP_W, ZERO_POINT, ZERO_MODE
+            )
             acc += _tile_part(w_b, xs, kb, s_b, z_b, BN, C, NKT_PAD, LW)
-    else:
-        sc, z = _scales(s_ptr, z_ptr, rows, ok, gl.minimum(kt0, last), quad4, stride_sn, BW, GROUP_W)
-        for kt in range(0, n_here):
+    else:  # tile A is the first; the next tile's scales are loaded one tile ahead
+        acc += _tile_part(w_a, xs, 0, s_a, z_a, BN, C, NKT_PAD, LW)
+        sc, z = _group_scales(
+            s_ptr, z_ptr, rows, ok, kt0 + gl.minimum(1, n_here - 1), quad4, stride_sn, BW, GROUP_W,
+            ZERO_POINT, ZERO_MODE,
+        )  # fmt: skip
+        for kt in range(1, n_here):
             w = gl.load(w_ptrs + kt * BW, mask=w_mask, other=0)
             nxt = gl.minimum(kt + 1, n_here - 1)
-            nsc, nz = _scales(s_ptr, z_ptr, rows, ok, kt0 + nxt, quad4, stride_sn, BW, GROUP_W)
+            nsc, nz = _group_scales(
+                s_ptr, z_ptr, rows, ok, kt0 + nxt, quad4, stride_sn, BW, GROUP_W, ZERO_POINT, ZERO_MODE
+            )
             acc += _tile_part(w, xs, kt, sc, z, BN, C, NKT_PAD, LW)
             sc, z = nsc, nz
+    if TRIGGER:  # the next kernel may launch once every program is past its loop
+        _pdl_trigger()
     out = gl.sum(acc, axis=1) * _X_DIV
-    if SPLIT == 1:
+    if GATED:
+        _gated_epilogue(
+            out, b_ptr, y_ptr, pout_ptr, rows, ok, rb, N, HAS_BIAS, OUT_PAIRS, OUT_INV_DIV, BN, WARPS
+        )
+    elif SPLIT == 1:
+        if HAS_BIAS:
+            out += gl.load(b_ptr + rows, mask=ok, other=0.0).to(gl.float32)
         gl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=ok)
     else:  # as the engine's `split_k_epilogue`: partials [SPLIT, N], the row block's last program sums them
         gl.store(ws_ptr + gl.program_id(1) * N + rows, out, mask=ok)
@@ -188,31 +302,119 @@ def _staged_kernel(
             total = gl.zeros([BN], gl.float32, RL)
             for k in range(SPLIT):
                 total += gl.load(ws_ptr + k * N + rows, mask=ok, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += gl.load(b_ptr + rows, mask=ok, other=0.0).to(gl.float32)
             gl.store(y_ptr + rows, total.to(y_ptr.dtype.element_ty), mask=ok)
             gl.atomic_xchg(counter_ptr + rb, 0, sem="relaxed", scope="gpu")
 
 
-class Scratch:
-    """The split-K partials and the row blocks' counters (zero between launches), shared by every layer."""
-
-    def __init__(self, dev: torch.device) -> None:
-        self.partials = torch.empty(1 << 22, dtype=torch.float32, device=dev)
-        self.counters = torch.zeros(1 << 14, dtype=torch.int32, device=dev)
-
-
-def launch(qw, pairs: torch.Tensor, y: torch.Tensor, cfg: StagedConfig, scratch: Scratch) -> torch.Tensor:
-    """y [1, N] from x's `half_pairs`."""
+def launch(
+    qw,
+    pairs: torch.Tensor,
+    y: torch.Tensor,
+    cfg: StagedConfig,
+    ws,
+    bias: torch.Tensor | None = None,
+    gated: bool = False,
+    pout: torch.Tensor | None = None,
+    out_inv_div: float = 1.0,
+    preload: bool = False,
+    trigger: bool = False,
+) -> torch.Tensor:
+    """y [1, N] (gated: [1, N / 2], and its `HalfPairs` into pout) from x's `half_pairs`; `ws` a
+    `GemvWorkspace` (the split-K partials and counters, as the engine's)."""
     n, kw = qw.qweight.shape
-    assert kw % cfg.block_w == 0
+    assert kw % cfg.block_w == 0 and (not gated or cfg.split_k == 1)
     n_kt = triton.cdiv(kw // cfg.block_w, cfg.split_k)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     _staged_kernel[grid](
-        qw.qweight, pairs, qw.scales, qw.zeros, y, scratch.partials, scratch.counters, n,
-        qw.qweight.stride(0), qw.scales.stride(0), kw // 4, n_kt,
+        qw.qweight, pairs, qw.scales, qw.zeros if qw.zeros is not None else qw.scales,
+        bias if bias is not None else qw.scales, y, pout if pout is not None else y, ws.partials, ws.counters,
+        n, qw.qweight.stride(0), qw.scales.stride(0), kw // 4, n_kt,
+        ZERO_POINT=qw.zero_point, ZERO_MODE=int(qw.zeros is not None), HAS_BIAS=bias is not None,
         SPLIT=cfg.split_k, BN=cfg.block_n, BW=cfg.block_w, WARPS=cfg.warps, GROUP_W=qw.group_size // 8,
-        NKT_PAD=triton.next_power_of_2(n_kt), PREFETCH=cfg.prefetch, num_warps=cfg.warps,
+        NKT_PAD=triton.next_power_of_2(n_kt), PREFETCH=cfg.prefetch, GATED=gated, OUT_PAIRS=pout is not None,
+        OUT_INV_DIV=out_inv_div, PRELOAD=preload, TRIGGER=trigger, num_warps=cfg.warps,
+        **({"launch_pdl": True} if preload else {}),
     )  # fmt: skip
     return y
+
+
+def install() -> None:
+    """Route the engine's f16x2 GEMVs that read the producer's pairs (decode's QKV, gated gate/up and down
+    at batch 1; not o, whose input is the attention's bf16 row, nor a norm tail) to the staged kernel, at
+    the launch shape the engine chose for them, with the same PDL options. For `python -c` A/B runs of
+    `qwick bench latency` (`gpu_session.sh stagedab`)."""
+    from qwick.kernels import row_gemv_half2 as h
+    from qwick.kernels.pdl import pdl_supported
+    from qwick.layers.linear import PairedRows
+
+    original = h._launch
+
+    def _launch(x, weight, bias, ws, config, pairs, gated, out_pairs, norm=None, preload=False, trigger=False,
+                trigger_at_start=False):  # fmt: skip
+        n, k = weight.shape
+        cfg = config or h.default_half2_config(n, k // 8, ws.num_sms)
+        if pairs is None or norm is not None or trigger_at_start or not x.is_cuda or cfg.max_registers:
+            return original(
+                x, weight, bias, ws, config, pairs, gated, out_pairs, norm, preload, trigger, trigger_at_start
+            )
+        y = torch.empty((1, n // 2 if gated else n), dtype=x.dtype, device=x.device)
+        p = torch.empty((1, y.shape[1] // 2), dtype=torch.int32, device=x.device) if out_pairs else None
+        pdl = pdl_supported(x.device)
+        launch(
+            weight, pairs.contiguous(), y, StagedConfig(cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps,
+            cfg.prefetch), ws, bias, gated, p, 1.0 / out_pairs.x_div if out_pairs else 1.0, preload and pdl,
+            trigger and pdl,
+        )  # fmt: skip
+        return PairedRows(y, p) if out_pairs is not None else y
+
+    h._launch = _launch
+
+
+def check() -> None:
+    """The staged launches of the engine's calls against the f16x2 kernel's, on one GPU: QKV (bias, split
+    8), gate/up (gated, with the output's pairs), down (split 8, prefetch) and a symmetric weight (a
+    constant zero point), each launched plainly and then with PDL's preload and trigger (what is compared
+    is the second). Prints the largest difference and the share of equal elements; exits 1 if a relative
+    error passes 2e-3."""
+    from qwick.kernels import row_gemv_half2 as h
+    from qwick.layers.linear import HalfPairs
+    from qwick.quantization.formats import rtn
+
+    dev = torch.device("cuda")
+    ws = workspace(dev)
+    torch.manual_seed(0)
+    failed = False
+    cases = [("qkv+bias", 4608, 3584, True, False, False), ("gate_up gated", 37888, 3584, False, True, False)]
+    cases += [("down", 3584, 18944, False, False, False), ("o symmetric", 3584, 3584, False, False, True)]
+    for name, n, k, has_bias, gated, symmetric in cases:
+        qw = rtn.quantize(torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5, group_size=128)
+        if symmetric:
+            qw = replace(qw, zeros=None, zero_point=8)
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        bias = torch.randn(n, device=dev, dtype=torch.bfloat16) if has_bias else None
+        pairs = half_pairs(x)
+        out_pairs = HalfPairs(X_DIV) if gated else None
+        ref = h._launch(x, qw, bias, ws, None, pairs, gated, out_pairs)
+        cfg = h.default_half2_config(n, k // 8, ws.num_sms)
+        y = torch.empty_like(ref.x if gated else ref)
+        p = torch.empty_like(ref.pairs) if gated else None
+        scfg = StagedConfig(cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.prefetch)
+        for pdl in (False, True):  # the second launch finds the counters the first left; PDL: the same sums
+            launch(qw, pairs, y, scfg, ws, bias, gated, p, 1.0 / X_DIV if gated else 1.0, pdl, pdl)
+        torch.cuda.synchronize()
+        outs = [(ref.x, y), (ref.pairs, p)] if gated else [(ref, y)]
+        for what, (a, b) in zip(("y", "pairs"), outs):
+            if what == "pairs":  # compare the fp16 values, not the int32 words
+                a, b = a.view(torch.float16), b.view(torch.float16)
+            a, b = a.float(), b.float()
+            err = ((a - b).norm() / a.norm()).item()
+            same = (a == b).float().mean().item()
+            print(f"{name:14s} {what:5s} rel err {err:.2e}, max |diff| {(a - b).abs().max().item():.3e}, "
+                  f"{100 * same:.2f}% equal", flush=True)  # fmt: skip
+            failed |= not err <= 2e-3
+    sys.exit(1 if failed else 0)
 
 
 def candidates(n: int, kw: int, num_sms: int) -> list[StagedConfig]:
@@ -233,42 +435,49 @@ def candidates(n: int, kw: int, num_sms: int) -> list[StagedConfig]:
 
 def offline() -> None:
     """Compile for sm_90 without a GPU (Triton's own ptxas) with the divisibility a launch would see, and
-    print the resources and the SASS of each shape's default launch (barriers, shared and global loads)."""
+    print the resources and the SASS of each shape's default launch (barriers, shared and global loads),
+    then of the engine's batch-1 variants (`install`)."""
     from ptx_counts import registers, sass_counts  # beside this script
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    for name, (n, k) in SHAPES.items():
-        kw = k // 8
-        for cfg in candidates(n, kw, 132)[:1] + [StagedConfig(prefetch=True)] * (name == "gate_up"):
-            n_kt = triton.cdiv(kw // cfg.block_w, cfg.split_k)
-            sig = {"qw_ptr": "*i32", "p_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8"}
-            sig |= {"y_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
-            sig |= {a: "i32" for a in ("N", "stride_qn", "stride_sn", "n_quads", "n_kt")}
-            const = dict(
-                SPLIT=cfg.split_k, BN=cfg.block_n, BW=cfg.block_w, WARPS=cfg.warps, GROUP_W=16,
-                NKT_PAD=triton.next_power_of_2(n_kt), PREFETCH=cfg.prefetch,
-            )  # fmt: skip
-            names = list(sig)
-            divisible = [*names[:7], "N", "stride_qn", "stride_sn", "n_quads"]  # pointers, rows, strides
-            attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in divisible}
-            src = GluonASTSource(
-                fn=_staged_kernel,
-                signature=sig | {c: "constexpr" for c in const},
-                constexprs=const,
-                attrs=attrs,
-            )
-            kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.warps))
-            n_sass, ops = sass_counts(kern)
-            top = ", ".join(f"{op} {ops[op]}" for op in ("LDG", "LDSM", "STSM", "BAR", "HFMA2", "REDG"))
-            regs = registers(kern)
-            print(f"{name} {cfg}: {kern.metadata.shared} B shared, {regs} registers, SASS {n_sass}: {top}")
+    variants = [
+        (name, n, k, cfg, {}) for name, (n, k) in SHAPES.items() for cfg in candidates(n, k // 8, 132)[:1]
+    ]
+    variants.append(("gate_up", 37888, 3584, StagedConfig(prefetch=True), {}))
+    engine = dict(HAS_BIAS=True, PRELOAD=True, TRIGGER=True)  # QKV under `pdl_norm`
+    variants.append(("qkv, engine", 4608, 3584, StagedConfig(split_k=8), engine))
+    engine = dict(GATED=True, OUT_PAIRS=True, OUT_INV_DIV=1 / X_DIV, PRELOAD=True, TRIGGER=True)
+    variants.append(("gate_up, engine", 37888, 3584, StagedConfig(), engine))
+    engine = dict(PRELOAD=True, TRIGGER=True, ZERO_MODE=0, ZERO_POINT=8)  # a symmetric weight
+    variants.append(("down, engine", 3584, 18944, StagedConfig(split_k=8, warps=2, prefetch=True), engine))
+    for name, _n, k, cfg, extra in variants:
+        n_kt = triton.cdiv(k // 8 // cfg.block_w, cfg.split_k)
+        sig = {"qw_ptr": "*i32", "p_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16"}
+        sig |= {"y_ptr": "*bf16", "pout_ptr": "*i32", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
+        sig |= {a: "i32" for a in ("N", "stride_qn", "stride_sn", "n_quads", "n_kt")}
+        const = dict(ZERO_POINT=0, ZERO_MODE=1, HAS_BIAS=False, GATED=False, OUT_PAIRS=False, OUT_INV_DIV=1.0)
+        const |= dict(PRELOAD=False, TRIGGER=False, SPLIT=cfg.split_k, BN=cfg.block_n, BW=cfg.block_w)
+        const |= dict(
+            WARPS=cfg.warps, GROUP_W=16, NKT_PAD=triton.next_power_of_2(n_kt), PREFETCH=cfg.prefetch
+        )
+        const |= extra
+        names = list(sig)
+        divisible = [*names[:9], "N", "stride_qn", "stride_sn", "n_quads"]  # pointers, rows, strides
+        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in divisible}
+        src = GluonASTSource(
+            fn=_staged_kernel, signature=sig | {c: "constexpr" for c in const}, constexprs=const, attrs=attrs
+        )
+        kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.warps))
+        n_sass, ops = sass_counts(kern)
+        top = ", ".join(f"{op} {ops[op]}" for op in ("LDG", "LDSM", "STSM", "BAR", "HFMA2", "REDG"))
+        regs = registers(kern)
+        print(f"{name}: {cfg}: {kern.metadata.shared} B shared, {regs} registers, SASS {n_sass}: {top}")
 
 
 def main() -> None:
     dev = torch.device("cuda")
     ws = workspace(dev)
-    scratch = Scratch(dev)
     report = {}
     for name, (n, k) in SHAPES.items():
         qw, x, ref, copies = layer_inputs(n, k, dev)
@@ -285,7 +494,7 @@ def main() -> None:
         for cfg in candidates(n, k // 8, ws.num_sms):
             y = torch.zeros(1, n, device=dev, dtype=torch.bfloat16)
             try:
-                err = ((launch(qw, pairs, y, cfg, scratch).double() - ref).norm() / ref.norm()).item()
+                err = ((launch(qw, pairs, y, cfg, ws).double() - ref).norm() / ref.norm()).item()
             except Exception as e:  # a launch shape that does not compile or fit: reported, not fatal
                 print(f"{name} {cfg}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue
@@ -298,7 +507,7 @@ def main() -> None:
 
             def staged(copies=copies, y=y, pairs=pairs, cfg=cfg) -> None:
                 for c in copies:
-                    launch(c, pairs, y, cfg, scratch)
+                    launch(c, pairs, y, cfg, ws)
 
             t = graph_us(staged, len(copies))
             rows.append({"candidate": label, "us": t, "tb_s": qw.nbytes / t / 1e6, "err": err})
@@ -309,4 +518,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    offline() if os.environ.get("OFFLINE") else main()
+    if os.environ.get("OFFLINE"):
+        offline()
+    elif os.environ.get("CHECK"):
+        check()
+    else:
+        main()
