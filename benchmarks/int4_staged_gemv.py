@@ -196,12 +196,17 @@ def _staged_kernel(
     OUT_INV_DIV: gl.constexpr,
     PRELOAD: gl.constexpr,
     TRIGGER: gl.constexpr,
+    TRIGGER_START: gl.constexpr = False,
 ):
     """y[n] = sum_k (q[n, k] - z) * s * x[k] (+ b[n]) over K split program_id(1) (up to n_kt tiles of BW
     words, the last split fewer or none) for the BN rows of row block program_id(0); x as its `half_pairs`.
     The f16x2 kernel's options: GATED (+ OUT_PAIRS) its SiLU-and-mul epilogue (one split); PRELOAD the
     split's first tile loaded before `pdl_wait` (everything this kernel's predecessor writes comes after);
-    TRIGGER `pdl_trigger` once the loop is done."""
+    TRIGGER `pdl_trigger` once the loop is done (TRIGGER_START: at the program's start). A split of at most
+    two tiles (NKT_PAD <= 2, no PREFETCH) is loaded whole before the wait and runs no loop, as the f16x2
+    kernel's `PRELOAD_ALL`."""
+    if TRIGGER_START:
+        _pdl_trigger()
     C: gl.constexpr = BW // 4
     L2: gl.constexpr = gl.BlockedLayout([1, 4], [32 // C, C], [WARPS, 1], [1, 0])  # a quad's words a thread
     probe = gl.zeros([BN, BW], gl.int32, L2)  # the layout of one word of each quad, as the loop splits it
@@ -230,6 +235,14 @@ def _staged_kernel(
         s_ptr, z_ptr, rows, ok, kt0 + ka, quad4, stride_sn, BW, GROUP_W, ZERO_POINT, ZERO_MODE
     )
     s_a = gl.where(n_here > 0, s_a, 0.0)
+    WHOLE: gl.constexpr = NKT_PAD <= 2 and not PREFETCH
+    if WHOLE:  # the split's second tile too (past its end: the first again, scale 0)
+        kb = gl.minimum(1, n_here - 1)
+        w_b = gl.load(w_ptrs + kb * BW, mask=w_mask, other=0)
+        s_b, z_b = _group_scales(
+            s_ptr, z_ptr, rows, ok, kt0 + kb, quad4, stride_sn, BW, GROUP_W, ZERO_POINT, ZERO_MODE
+        )
+        s_b = gl.where(n_here > 1, s_b, 0.0)
     if PRELOAD:
         _pdl_wait()
 
@@ -269,6 +282,9 @@ def _staged_kernel(
                 s_ptr, z_ptr, rows, ok, kt0 + ka, quad4, stride_sn, BW, GROUP_W, ZERO_POINT, ZERO_MODE
             )
             acc += _tile_part(w_b, xs, kb, s_b, z_b, BN, C, NKT_PAD, LW)
+    elif WHOLE:
+        acc += _tile_part(w_a, xs, 0, s_a, z_a, BN, C, NKT_PAD, LW)
+        acc += _tile_part(w_b, xs, 1 if NKT_PAD > 1 else 0, s_b, z_b, BN, C, NKT_PAD, LW)
     else:  # tile A is the first; the next tile's scales are loaded one tile ahead
         acc += _tile_part(w_a, xs, 0, s_a, z_a, BN, C, NKT_PAD, LW)
         sc, z = _group_scales(
@@ -283,7 +299,7 @@ def _staged_kernel(
             )
             acc += _tile_part(w, xs, kt, sc, z, BN, C, NKT_PAD, LW)
             sc, z = nsc, nz
-    if TRIGGER:  # the next kernel may launch once every program is past its loop
+    if TRIGGER and not TRIGGER_START:  # the next kernel may launch once every program is past its loop
         _pdl_trigger()
     out = gl.sum(acc, axis=1) * _X_DIV
     if GATED:
@@ -320,6 +336,7 @@ def launch(
     out_inv_div: float = 1.0,
     preload: bool = False,
     trigger: bool = False,
+    trigger_at_start: bool = False,
 ) -> torch.Tensor:
     """y [1, N] (gated: [1, N / 2], and its `HalfPairs` into pout) from x's `half_pairs`; `ws` a
     `GemvWorkspace` (the split-K partials and counters, as the engine's)."""
@@ -334,7 +351,8 @@ def launch(
         ZERO_POINT=qw.zero_point, ZERO_MODE=int(qw.zeros is not None), HAS_BIAS=bias is not None,
         SPLIT=cfg.split_k, BN=cfg.block_n, BW=cfg.block_w, WARPS=cfg.warps, GROUP_W=qw.group_size // 8,
         NKT_PAD=triton.next_power_of_2(n_kt), PREFETCH=cfg.prefetch, GATED=gated, OUT_PAIRS=pout is not None,
-        OUT_INV_DIV=out_inv_div, PRELOAD=preload, TRIGGER=trigger, num_warps=cfg.warps,
+        OUT_INV_DIV=out_inv_div, PRELOAD=preload, TRIGGER=trigger, TRIGGER_START=trigger and trigger_at_start,
+        num_warps=cfg.warps,
         **({"launch_pdl": True} if preload else {}),
     )  # fmt: skip
     return y
@@ -355,7 +373,7 @@ def install() -> None:
                 trigger_at_start=False):  # fmt: skip
         n, k = weight.shape
         cfg = config or h.default_half2_config(n, k // 8, ws.num_sms)
-        if pairs is None or norm is not None or trigger_at_start or not x.is_cuda or cfg.max_registers:
+        if pairs is None or norm is not None or not x.is_cuda or cfg.max_registers:
             return original(
                 x, weight, bias, ws, config, pairs, gated, out_pairs, norm, preload, trigger, trigger_at_start
             )
@@ -365,7 +383,7 @@ def install() -> None:
         launch(
             weight, pairs.contiguous(), y, StagedConfig(cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps,
             cfg.prefetch), ws, bias, gated, p, 1.0 / out_pairs.x_div if out_pairs else 1.0, preload and pdl,
-            trigger and pdl,
+            trigger and pdl, trigger_at_start,
         )  # fmt: skip
         return PairedRows(y, p) if out_pairs is not None else y
 
@@ -445,7 +463,7 @@ def offline() -> None:
         (name, n, k, cfg, {}) for name, (n, k) in SHAPES.items() for cfg in candidates(n, k // 8, 132)[:1]
     ]
     variants.append(("gate_up", 37888, 3584, StagedConfig(prefetch=True), {}))
-    engine = dict(HAS_BIAS=True, PRELOAD=True, TRIGGER=True)  # QKV under `pdl_norm`
+    engine = dict(HAS_BIAS=True, PRELOAD=True, TRIGGER=True, TRIGGER_START=True)  # QKV (`pdl_qkv_start`)
     variants.append(("qkv, engine", 4608, 3584, StagedConfig(split_k=8), engine))
     engine = dict(GATED=True, OUT_PAIRS=True, OUT_INV_DIV=1 / X_DIV, PRELOAD=True, TRIGGER=True)
     variants.append(("gate_up, engine", 37888, 3584, StagedConfig(), engine))
