@@ -94,6 +94,45 @@ def layer_inputs(n: int, k: int, dev: torch.device):
     return qw, x, ref, [replace(qw, qweight=qw.qweight.clone()) for _ in range(n_copies)]
 
 
+def sweep_against_f16x2(shapes: dict, candidates, prepare, label, out_path: str) -> None:
+    """The prototype kernels' sweep (`int4_ring_gemv.py`, `int4_staged_gemv.py`): per shape, the f16x2
+    kernel at its default, then each of `candidates(n, kw, num_sms)`. `prepare(cfg, qw, copies, pairs, ws)`
+    gives (one, calls): `one()` a launch on the first copy, returning y, checked against float64 (skipped
+    past 4e-3); `calls()` a launch on every copy, timed in CUDA graphs. `label(cfg)` names a candidate.
+    Launch shapes that do not compile or fit are reported and skipped; the figures go to out_path."""
+    dev = torch.device("cuda")
+    ws = workspace(dev)
+    report = {}
+    for name, (n, k) in shapes.items():
+        qw, x, ref, copies = layer_inputs(n, k, dev)
+        pairs = half_pairs(x)
+        base = default_half2_config(n, k // 8, ws.num_sms)
+
+        def f16x2(copies=copies, x=x, pairs=pairs, base=base) -> None:
+            for c in copies:
+                w4_half2_gemv(x, c, None, ws, base, pairs=pairs)
+
+        t = graph_us(f16x2, len(copies))
+        rows = [{"candidate": "f16x2 default", "us": t, "tb_s": qw.nbytes / t / 1e6}]
+        print(f"{name:8s} {'f16x2 default':44s} {t:7.2f} us {qw.nbytes / t / 1e6:5.2f} TB/s", flush=True)
+        for cfg in candidates(n, k // 8, ws.num_sms):
+            try:
+                one, calls = prepare(cfg, qw, copies, pairs, ws)
+                err = ((one().double() - ref).norm() / ref.norm()).item()
+            except Exception as e:  # a launch shape that does not compile or fit: reported, not fatal
+                print(f"{name} {cfg}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            if err > 4e-3:
+                print(f"{name} {label(cfg)}: relative error {err:.3g}, skipped", flush=True)
+                continue
+            t = graph_us(calls, len(copies))
+            rows.append({"candidate": label(cfg), "us": t, "tb_s": qw.nbytes / t / 1e6, "err": err})
+            print(f"{name:8s} {label(cfg):44s} {t:7.2f} us {qw.nbytes / t / 1e6:5.2f} TB/s", flush=True)
+        report[name] = rows
+    with open(out_path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
 def main() -> None:
     dev = torch.device("cuda" if CUDA else "cpu")
     ws = workspace(dev)

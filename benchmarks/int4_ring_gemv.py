@@ -44,7 +44,6 @@ before each `mbarrier.wait`; not timed, not kept.)
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -57,9 +56,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from int4_half2_sweep import graph_us, layer_inputs, workspace  # noqa: E402  (beside this script)
+from int4_half2_sweep import sweep_against_f16x2  # noqa: E402  (beside this script)
 
-from qwick.kernels.row_gemv_half2 import DOT4_ASM, X_DIV, default_half2_config, half_pairs, w4_half2_gemv  # noqa: E402
+from qwick.kernels.row_gemv_half2 import DOT4_ASM, X_DIV, default_half2_config  # noqa: E402
 
 ALL_SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 SHAPES = {s: ALL_SHAPES[s] for s in os.environ.get("SHAPES", " ".join(ALL_SHAPES)).split()}
@@ -109,6 +108,26 @@ def _f16_pair(v):
 def _x(xs, kt, r: gl.constexpr, NKT_PAD: gl.constexpr, LW: gl.constexpr):
     """Pair r % 4 of word r // 4 of each quad of K tile kt, [1, C], broadcast over the rows."""
     return xs.index(r * NKT_PAD + kt).load(LW)
+
+
+@gluon.jit
+def quad_products(w, xs, kt, z, BN: gl.constexpr, C: gl.constexpr, NKT_PAD: gl.constexpr, LW: gl.constexpr):
+    """[BN, C] unscaled sums of code tile w [BN, 4 C] against K tile kt's pairs in xs (pair r of the tile's
+    quads in row r * NKT_PAD + kt: word r // 4, pair r % 4), z the fp32 zero points: `DOT4_ASM`."""
+    wa, wb = gl.split(gl.reshape(w, [BN, C, 2, 2]))
+    w0, w2 = gl.split(wa)
+    w1, w3 = gl.split(wb)
+    return gl.inline_asm_elementwise(
+        _DOT4, "=r" + ",r" * 22,
+        [w0, w1, w2, w3,
+         _x(xs, kt, 0, NKT_PAD, LW), _x(xs, kt, 1, NKT_PAD, LW), _x(xs, kt, 2, NKT_PAD, LW),
+         _x(xs, kt, 3, NKT_PAD, LW), _x(xs, kt, 4, NKT_PAD, LW), _x(xs, kt, 5, NKT_PAD, LW),
+         _x(xs, kt, 6, NKT_PAD, LW), _x(xs, kt, 7, NKT_PAD, LW), _x(xs, kt, 8, NKT_PAD, LW),
+         _x(xs, kt, 9, NKT_PAD, LW), _x(xs, kt, 10, NKT_PAD, LW), _x(xs, kt, 11, NKT_PAD, LW),
+         _x(xs, kt, 12, NKT_PAD, LW), _x(xs, kt, 13, NKT_PAD, LW), _x(xs, kt, 14, NKT_PAD, LW),
+         _x(xs, kt, 15, NKT_PAD, LW), _f16_pair(z + 1024.0), _f16_pair(-(z + 64.0))],
+        dtype=gl.float32, is_pure=True, pack=1,
+    )  # fmt: skip
 
 
 @gluon.jit
@@ -184,23 +203,7 @@ def _consumer(
             w = ring.index(slot).load(L2)
             gl.thread_barrier()  # every consumer warp has read the slot before it goes back
             mbarrier.arrive(empty.index(slot), count=1)
-            wa, wb = gl.split(gl.reshape(w, [BN, C, 2, 2]))
-            w0, w2 = gl.split(wa)
-            w1, w3 = gl.split(wb)
-            zf = z.to(gl.float32)
-            b = kt  # pair r of the tile's quads: xs row r * NKT_PAD + kt (word r // 4, pair r % 4)
-            part = gl.inline_asm_elementwise(
-                _DOT4, "=r" + ",r" * 22,
-                [w0, w1, w2, w3,
-                 _x(xs, b, 0, NKT_PAD, LW), _x(xs, b, 1, NKT_PAD, LW), _x(xs, b, 2, NKT_PAD, LW),
-                 _x(xs, b, 3, NKT_PAD, LW), _x(xs, b, 4, NKT_PAD, LW), _x(xs, b, 5, NKT_PAD, LW),
-                 _x(xs, b, 6, NKT_PAD, LW), _x(xs, b, 7, NKT_PAD, LW), _x(xs, b, 8, NKT_PAD, LW),
-                 _x(xs, b, 9, NKT_PAD, LW), _x(xs, b, 10, NKT_PAD, LW), _x(xs, b, 11, NKT_PAD, LW),
-                 _x(xs, b, 12, NKT_PAD, LW), _x(xs, b, 13, NKT_PAD, LW), _x(xs, b, 14, NKT_PAD, LW),
-                 _x(xs, b, 15, NKT_PAD, LW), _f16_pair(zf + 1024.0), _f16_pair(-(zf + 64.0))],
-                dtype=gl.float32, is_pure=True, pack=1,
-            )  # fmt: skip
-            acc += sc.to(gl.float32) * part
+            acc += sc.to(gl.float32) * quad_products(w, xs, kt, z.to(gl.float32), BN, C, NKT_PAD, LW)
             sc, z = nsc, nz
             i += 1
         out = gl.sum(acc, axis=1) * _X_DIV
@@ -354,49 +357,29 @@ def offline() -> None:
         print(f"{cfg}: {k.metadata.shared} B shared, {registers(k)} registers, SASS {n_sass}: {top}")
 
 
+def label(cfg: RingConfig) -> str:
+    out = f"ring {cfg.block_n}x{cfg.block_w} st{cfg.stages} split{cfg.split_k} {cfg.programs_per_sm}/SM"
+    return out + f" {cfg.warps}w" + (f" <={cfg.max_registers} regs" if cfg.max_registers else "")
+
+
+def prepare(cfg: RingConfig, qw, copies, pairs, ws):
+    """(one launch, every copy's launch) of `cfg` (see `sweep_against_f16x2`)."""
+    pt = pairs_transposed(pairs)
+    y = torch.empty(
+        1, qw.shape[0], device=pt.device, dtype=torch.bfloat16 if cfg.split_k == 1 else torch.float32
+    )
+    runs = [RingGemv(c, cfg, ws.num_sms) for c in copies]
+
+    def calls() -> None:
+        for r in runs:
+            r(pt, y)
+
+    return (lambda: runs[0](pt, y)), calls
+
+
 def main() -> None:
-    dev = torch.device("cuda")
-    ws = workspace(dev)
-    report = {}
-    for name, (n, k) in SHAPES.items():
-        qw, x, ref, copies = layer_inputs(n, k, dev)
-        pairs = half_pairs(x)
-        pt = pairs_transposed(pairs)
-        base = default_half2_config(n, k // 8, ws.num_sms)
-
-        def f16x2(copies=copies, x=x, pairs=pairs, base=base) -> None:
-            for c in copies:
-                w4_half2_gemv(x, c, None, ws, base, pairs=pairs)
-
-        t = graph_us(f16x2, len(copies))
-        rows = [{"candidate": "f16x2 default", "us": t, "tb_s": qw.nbytes / t / 1e6}]
-        print(f"{name:8s} {'f16x2 default':44s} {t:7.2f} us {qw.nbytes / t / 1e6:5.2f} TB/s", flush=True)
-        for cfg in candidates(n, k // 8, ws.num_sms):
-            y = torch.empty(1, n, device=dev, dtype=torch.bfloat16 if cfg.split_k == 1 else torch.float32)
-            try:
-                runs = [RingGemv(c, cfg, ws.num_sms) for c in copies]
-                err = ((runs[0](pt, y).double() - ref).norm() / ref.norm()).item()
-            except Exception as e:  # a launch shape that does not compile or fit: reported, not fatal
-                print(f"{name} {cfg}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-                continue
-            if err > 4e-3:
-                print(f"{name} {cfg}: relative error {err:.3g}, skipped", flush=True)
-                continue
-
-            def ring(runs=runs, y=y, pt=pt) -> None:
-                for r in runs:
-                    r(pt, y)
-
-            t = graph_us(ring, len(copies))
-            label = (
-                f"ring {cfg.block_n}x{cfg.block_w} st{cfg.stages} split{cfg.split_k} {cfg.programs_per_sm}/SM"
-            )
-            label += f" {cfg.warps}w" + (f" <={cfg.max_registers} regs" if cfg.max_registers else "")
-            rows.append({"candidate": label, "us": t, "tb_s": qw.nbytes / t / 1e6, "err": err})
-            print(f"{name:8s} {label:44s} {t:7.2f} us {qw.nbytes / t / 1e6:5.2f} TB/s", flush=True)
-        report[name] = rows
-    with open(sys.argv[1] if len(sys.argv) > 1 else "int4_ring_gemv.json", "w") as f:
-        json.dump(report, f, indent=1)
+    out = sys.argv[1] if len(sys.argv) > 1 else "int4_ring_gemv.json"
+    sweep_against_f16x2(SHAPES, candidates, prepare, label, out)
 
 
 if __name__ == "__main__":

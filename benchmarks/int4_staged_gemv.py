@@ -40,7 +40,6 @@ programs of 4 warps an SM, not 9), and 40 with the prefetch too. Not yet timed o
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -52,12 +51,11 @@ from triton.experimental.gluon import language as gl
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from int4_half2_sweep import graph_us, layer_inputs, workspace  # noqa: E402  (beside this script)
-from int4_ring_gemv import SHAPES, _f16_pair, _x  # noqa: E402
+from int4_half2_sweep import sweep_against_f16x2, workspace  # noqa: E402  (beside this script)
+from int4_ring_gemv import SHAPES, quad_products  # noqa: E402
 
-from qwick.kernels.row_gemv_half2 import DOT4_ASM, X_DIV, default_half2_config, half_pairs, w4_half2_gemv  # noqa: E402
+from qwick.kernels.row_gemv_half2 import X_DIV, default_half2_config, half_pairs  # noqa: E402
 
-_DOT4 = gl.constexpr(DOT4_ASM)
 _X_DIV = gl.constexpr(X_DIV)
 
 
@@ -103,21 +101,7 @@ def _group_scales(
 @gluon.jit
 def _tile_part(w, xs, kt, sc, z, BN: gl.constexpr, C: gl.constexpr, NKT_PAD: gl.constexpr, LW: gl.constexpr):
     """[BN, C] scaled sums of one code tile w [BN, 4 C] (tile kt of the program's split)."""
-    wa, wb = gl.split(gl.reshape(w, [BN, C, 2, 2]))
-    w0, w2 = gl.split(wa)
-    w1, w3 = gl.split(wb)
-    part = gl.inline_asm_elementwise(
-        _DOT4, "=r" + ",r" * 22,
-        [w0, w1, w2, w3,
-         _x(xs, kt, 0, NKT_PAD, LW), _x(xs, kt, 1, NKT_PAD, LW), _x(xs, kt, 2, NKT_PAD, LW),
-         _x(xs, kt, 3, NKT_PAD, LW), _x(xs, kt, 4, NKT_PAD, LW), _x(xs, kt, 5, NKT_PAD, LW),
-         _x(xs, kt, 6, NKT_PAD, LW), _x(xs, kt, 7, NKT_PAD, LW), _x(xs, kt, 8, NKT_PAD, LW),
-         _x(xs, kt, 9, NKT_PAD, LW), _x(xs, kt, 10, NKT_PAD, LW), _x(xs, kt, 11, NKT_PAD, LW),
-         _x(xs, kt, 12, NKT_PAD, LW), _x(xs, kt, 13, NKT_PAD, LW), _x(xs, kt, 14, NKT_PAD, LW),
-         _x(xs, kt, 15, NKT_PAD, LW), _f16_pair(z + 1024.0), _f16_pair(-(z + 64.0))],
-        dtype=gl.float32, is_pure=True, pack=1,
-    )  # fmt: skip
-    return sc * part
+    return sc * quad_products(w, xs, kt, z, BN, C, NKT_PAD, LW)
 
 
 @gluon.jit
@@ -493,46 +477,25 @@ def offline() -> None:
         print(f"{name}: {cfg}: {kern.metadata.shared} B shared, {regs} registers, SASS {n_sass}: {top}")
 
 
+def label(cfg: StagedConfig) -> str:
+    out = f"staged {cfg.block_n}x{cfg.block_w} split{cfg.split_k} {cfg.warps}w"
+    return out + (" prefetch" if cfg.prefetch else "")
+
+
+def prepare(cfg: StagedConfig, qw, copies, pairs, ws):
+    """(one launch, every copy's launch) of `cfg` (see `sweep_against_f16x2`)."""
+    y = torch.zeros(1, qw.shape[0], device=pairs.device, dtype=torch.bfloat16)
+
+    def calls() -> None:
+        for c in copies:
+            launch(c, pairs, y, cfg, ws)
+
+    return (lambda: launch(qw, pairs, y, cfg, ws)), calls
+
+
 def main() -> None:
-    dev = torch.device("cuda")
-    ws = workspace(dev)
-    report = {}
-    for name, (n, k) in SHAPES.items():
-        qw, x, ref, copies = layer_inputs(n, k, dev)
-        pairs = half_pairs(x)
-        base = default_half2_config(n, k // 8, ws.num_sms)
-
-        def f16x2(copies=copies, x=x, pairs=pairs, base=base) -> None:
-            for c in copies:
-                w4_half2_gemv(x, c, None, ws, base, pairs=pairs)
-
-        t = graph_us(f16x2, len(copies))
-        rows = [{"candidate": "f16x2 default", "us": t, "tb_s": qw.nbytes / t / 1e6}]
-        print(f"{name:8s} {'f16x2 default':40s} {t:7.2f} us {qw.nbytes / t / 1e6:5.2f} TB/s", flush=True)
-        for cfg in candidates(n, k // 8, ws.num_sms):
-            y = torch.zeros(1, n, device=dev, dtype=torch.bfloat16)
-            try:
-                err = ((launch(qw, pairs, y, cfg, ws).double() - ref).norm() / ref.norm()).item()
-            except Exception as e:  # a launch shape that does not compile or fit: reported, not fatal
-                print(f"{name} {cfg}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-                continue
-            label = f"staged {cfg.block_n}x{cfg.block_w} split{cfg.split_k} {cfg.warps}w" + (
-                " prefetch" if cfg.prefetch else ""
-            )
-            if err > 4e-3:
-                print(f"{name} {label}: relative error {err:.3g}, skipped", flush=True)
-                continue
-
-            def staged(copies=copies, y=y, pairs=pairs, cfg=cfg) -> None:
-                for c in copies:
-                    launch(c, pairs, y, cfg, ws)
-
-            t = graph_us(staged, len(copies))
-            rows.append({"candidate": label, "us": t, "tb_s": qw.nbytes / t / 1e6, "err": err})
-            print(f"{name:8s} {label:40s} {t:7.2f} us {qw.nbytes / t / 1e6:5.2f} TB/s", flush=True)
-        report[name] = rows
-    with open(sys.argv[1] if len(sys.argv) > 1 else "int4_staged_gemv.json", "w") as f:
-        json.dump(report, f, indent=1)
+    out = sys.argv[1] if len(sys.argv) > 1 else "int4_staged_gemv.json"
+    sweep_against_f16x2(SHAPES, candidates, prepare, label, out)
 
 
 if __name__ == "__main__":
