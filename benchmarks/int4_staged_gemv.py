@@ -470,7 +470,8 @@ def offline() -> None:
         src = GluonASTSource(
             fn=_staged_kernel, signature=sig | {c: "constexpr" for c in const}, constexprs=const, attrs=attrs
         )
-        kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.warps))
+        opts = dict(num_warps=cfg.warps, launch_pdl=bool(extra.get("PRELOAD")))
+        kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
         n_sass, ops = sass_counts(kern)
         top = ", ".join(f"{op} {ops[op]}" for op in ("LDG", "LDSM", "STSM", "BAR", "HFMA2", "REDG"))
         regs = registers(kern)
