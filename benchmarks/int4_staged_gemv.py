@@ -186,9 +186,9 @@ def _staged_kernel(
     words, the last split fewer or none) for the BN rows of row block program_id(0); x as its `half_pairs`.
     The f16x2 kernel's options: GATED (+ OUT_PAIRS) its SiLU-and-mul epilogue (one split); PRELOAD the
     split's first tile loaded before `pdl_wait` (everything this kernel's predecessor writes comes after);
-    TRIGGER `pdl_trigger` once the loop is done (TRIGGER_START: at the program's start). A split of at most
-    two tiles (NKT_PAD <= 2, no PREFETCH) is loaded whole before the wait and runs no loop, as the f16x2
-    kernel's `PRELOAD_ALL`."""
+    TRIGGER `pdl_trigger` once the loop is done (TRIGGER_START: at the program's start). As in the f16x2
+    kernel, PRELOAD loads the split's first two tiles before the wait (one with PREFETCH), and a split of
+    at most two tiles (NKT_PAD <= 2) is loaded whole and runs no loop (`PRELOAD_ALL`)."""
     if TRIGGER_START:
         _pdl_trigger()
     C: gl.constexpr = BW // 4
@@ -220,7 +220,8 @@ def _staged_kernel(
     )
     s_a = gl.where(n_here > 0, s_a, 0.0)
     WHOLE: gl.constexpr = NKT_PAD <= 2 and not PREFETCH
-    if WHOLE:  # the split's second tile too (past its end: the first again, scale 0)
+    EARLY_B: gl.constexpr = (PRELOAD or WHOLE) and not PREFETCH
+    if EARLY_B:  # the split's second tile too (past its end: the first again, scale 0)
         kb = gl.minimum(1, n_here - 1)
         w_b = gl.load(w_ptrs + kb * BW, mask=w_mask, other=0)
         s_b, z_b = _group_scales(
@@ -266,16 +267,17 @@ def _staged_kernel(
                 s_ptr, z_ptr, rows, ok, kt0 + ka, quad4, stride_sn, BW, GROUP_W, ZERO_POINT, ZERO_MODE
             )
             acc += _tile_part(w_b, xs, kb, s_b, z_b, BN, C, NKT_PAD, LW)
-    elif WHOLE:
+    else:  # tile A (and B) first; then each tile's scales are loaded one tile ahead
         acc += _tile_part(w_a, xs, 0, s_a, z_a, BN, C, NKT_PAD, LW)
-        acc += _tile_part(w_b, xs, 1 if NKT_PAD > 1 else 0, s_b, z_b, BN, C, NKT_PAD, LW)
-    else:  # tile A is the first; the next tile's scales are loaded one tile ahead
-        acc += _tile_part(w_a, xs, 0, s_a, z_a, BN, C, NKT_PAD, LW)
+        if EARLY_B:
+            acc += _tile_part(w_b, xs, 1 if NKT_PAD > 1 else 0, s_b, z_b, BN, C, NKT_PAD, LW)
+    if not PREFETCH and not WHOLE:
+        FIRST: gl.constexpr = 2 if EARLY_B else 1
         sc, z = _group_scales(
-            s_ptr, z_ptr, rows, ok, kt0 + gl.minimum(1, n_here - 1), quad4, stride_sn, BW, GROUP_W,
+            s_ptr, z_ptr, rows, ok, kt0 + gl.minimum(FIRST, n_here - 1), quad4, stride_sn, BW, GROUP_W,
             ZERO_POINT, ZERO_MODE,
         )  # fmt: skip
-        for kt in range(1, n_here):
+        for kt in range(FIRST, n_here):
             w = gl.load(w_ptrs + kt * BW, mask=w_mask, other=0)
             nxt = gl.minimum(kt + 1, n_here - 1)
             nsc, nz = _group_scales(
