@@ -1077,8 +1077,8 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
     timeout ${STAGED_LIMIT:-300} python benchmarks/int4_staged_gemv.py "$OUT/int4_staged_gemv.json" 2>&1 \
       | grep -v Warning | cut -c1-300
     ;;
-  stagedab)  # the staged int4 GEMV in the engine (`int4_staged_gemv.install`: decode's QKV, gated gate/up and
-    # down at the f16x2 launch shapes, o and its norm tail unchanged): its outputs against the f16x2 kernel's
+  stagedab)  # the staged int4 GEMV in the engine (`int4_staged_gemv.install`: decode's QKV, o with its norm
+    # tail, gated gate/up and down at the f16x2 launch shapes): its outputs against the f16x2 kernel's
     # (CHECK=1, exits 1 past 2e-3), then int4 batch 1 without and with it, alternating (REPS_LIST)
     CHECK=1 timeout 240 python benchmarks/int4_staged_gemv.py 2>&1 | grep -v Warning | tail -12 || exit 1
     STAGED="import sys; sys.path.insert(0, 'benchmarks'); import int4_staged_gemv as s; s.install()

@@ -29,8 +29,9 @@ block's last program to finish (an acq_rel counter) adds them in split order and
     CHECK=1 python benchmarks/int4_staged_gemv.py        # the engine's calls against the f16x2 kernel
 
 In the engine (`install()`, for A/B runs: `gpu_session.sh stagedab`), the kernel takes the f16x2 kernel's
-batch-1 options where its input is the producer's pairs: the bias, a constant zero point, SiLU-and-mul with
-the output's pairs (gate/up), PDL's preload of the first tile and trigger after the loop.
+batch-1 options: the bias, a constant zero point, SiLU-and-mul with the output's pairs (gate/up), the
+residual add + RMSNorm in the launch's tail (o), a bf16 input paired once per program (o's input, the
+attention's row: `XPAIRS_BF16_ASM` in the staging), PDL's preload of the first two tiles and trigger.
 
 Offline (56th session, Triton 3.6, sm_90 SASS): one `BAR.SYNC` in the whole kernel (the f16x2 kernel: two a
 tile), 16 `LDSM` and two `LDG.128` a tile, 40 registers a thread against the f16x2 kernel's 54 (so 12
@@ -54,9 +55,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from int4_half2_sweep import sweep_against_f16x2, workspace  # noqa: E402  (beside this script)
 from int4_ring_gemv import SHAPES, quad_products  # noqa: E402
 
-from qwick.kernels.row_gemv_half2 import X_DIV, default_half2_config, half_pairs  # noqa: E402
+from qwick.kernels.row_gemv_half2 import (  # noqa: E402
+    X_DIV,
+    XPAIRS_BF16_ASM,
+    default_half2_config,
+    half_pairs,
+)
 
 _X_DIV = gl.constexpr(X_DIV)
+_XPAIRS = gl.constexpr(XPAIRS_BF16_ASM)
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,58 @@ def _gated_epilogue(
 
 
 @gluon.jit
+def _pairs_of_bf16(raw, NKT_PAD: gl.constexpr, C: gl.constexpr):
+    """[16, NKT_PAD, C] int32: per quad, its four words' bf16 values two to an int32 (x0x1, x2x3, x4x5,
+    x6x7 of word r // 4 at r) -> the same quads' `half_pairs` (pair r % 4 of word r // 4), each thread
+    holding a quad's 16: `row_gemv_half2.XPAIRS_BF16_ASM`."""
+    w = gl.reshape(gl.permute(raw, [1, 2, 0]), [NKT_PAD, C, 4, 2, 2])  # [.., word, int32 of the word]
+    a, b = gl.split(w)
+    a0, a1 = gl.split(a)
+    b0, b1 = gl.split(b)
+    d0, d1, d2, d3 = gl.inline_asm_elementwise(
+        _XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, b0, a1, b1], dtype=(gl.int32,) * 4, is_pure=True, pack=1
+    )
+    out = gl.reshape(gl.join(gl.join(d0, d1), gl.join(d2, d3)), [NKT_PAD, C, 16])
+    return gl.permute(out, [2, 0, 1])
+
+
+@gluon.jit
+def _norm_tail(
+    y_ptr, res_ptr, w_ptr, out_ptr, p_ptr, counter_ptr, N, eps, PAIRS: gl.constexpr, INV_DIV: gl.constexpr,
+    BLOCK: gl.constexpr, WARPS: gl.constexpr,
+):  # fmt: skip
+    """`elementwise.rms_norm_tail`: the launch's last program to arrive adds y [N] to the residual (in
+    place), normalizes it into out, and with PAIRS writes out's `HalfPairs` from the stored row."""
+    gl.thread_barrier()  # every thread's part of y is stored before the release below
+    done = gl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if done == gl.num_programs(0) * gl.num_programs(1) - 1:
+        SPT: gl.constexpr = BLOCK // (32 * WARPS) if BLOCK >= 32 * WARPS else 1
+        NB: gl.constexpr = gl.BlockedLayout([SPT], [32], [WARPS], [0])
+        cols = gl.arange(0, BLOCK, layout=NB)
+        mask = cols < N
+        x = gl.load(y_ptr + cols, mask=mask, other=0.0, cache_modifier=".cg")
+        r = gl.load(res_ptr + cols, mask=mask, other=0.0)
+        w = gl.load(w_ptr + cols, mask=mask, other=0.0).to(gl.float32)
+        x = (x.to(gl.float32) + r.to(gl.float32)).to(x.dtype)  # rounded, as `x + residual` is
+        gl.store(res_ptr + cols, x, mask=mask)
+        xf = x.to(gl.float32)
+        rstd = gl.rsqrt(gl.sum(xf * xf, axis=0) / N + eps)
+        normed = (xf * rstd).to(x.dtype).to(gl.float32)
+        gl.store(out_ptr + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+        if PAIRS:  # `elementwise.half_pairs_of_row`, from the stored row
+            gl.thread_barrier()  # the whole row is stored before any thread reads another's part
+            slot = gl.arange(0, BLOCK // 2, layout=NB)
+            col = 8 * (slot // 4) + slot % 4
+            pok = slot < N // 2
+            lo = gl.load(out_ptr + col, mask=pok, other=0.0, cache_modifier=".cg").to(gl.float32)
+            hi = gl.load(out_ptr + col + 4, mask=pok, other=0.0, cache_modifier=".cg").to(gl.float32)
+            lo = (lo * INV_DIV).to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+            hi = (hi * INV_DIV).to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+            gl.store(p_ptr + slot, lo | (hi << 16), mask=pok)
+        gl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
 def _staged_kernel(
     qw_ptr,
     p_ptr,
@@ -181,6 +240,14 @@ def _staged_kernel(
     PRELOAD: gl.constexpr,
     TRIGGER: gl.constexpr,
     TRIGGER_START: gl.constexpr = False,
+    X_BF16: gl.constexpr = False,
+    NORM_TAIL: gl.constexpr = False,
+    NORM_BLOCK: gl.constexpr = 1,
+    res_ptr=None,
+    nw_ptr=None,
+    nout_ptr=None,
+    tail_ptr=None,
+    eps=0.0,
 ):
     """y[n] = sum_k (q[n, k] - z) * s * x[k] (+ b[n]) over K split program_id(1) (up to n_kt tiles of BW
     words, the last split fewer or none) for the BN rows of row block program_id(0); x as its `half_pairs`.
@@ -245,6 +312,8 @@ def _staged_kernel(
     )
     q = (kt0 + kt3) * C + qc3  # [1, NKT_PAD, C] quad indices
     pairs = gl.load(p_ptr + q * 16 + r3, mask=(kt3 < n_here) & (r3 < 16), other=0)
+    if X_BF16:  # p_ptr is x itself (bf16, as int32 pairs of values): its pairs made here, once
+        pairs = _pairs_of_bf16(pairs, NKT_PAD, C)
     xs = gl.allocate_shared_memory(
         gl.int32, [16, NKT_PAD, C], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]), pairs
     )
@@ -308,6 +377,21 @@ def _staged_kernel(
                 total += gl.load(b_ptr + rows, mask=ok, other=0.0).to(gl.float32)
             gl.store(y_ptr + rows, total.to(y_ptr.dtype.element_ty), mask=ok)
             gl.atomic_xchg(counter_ptr + rb, 0, sem="relaxed", scope="gpu")
+    if NORM_TAIL:
+        _norm_tail(
+            y_ptr,
+            res_ptr,
+            nw_ptr,
+            nout_ptr,
+            pout_ptr,
+            tail_ptr,
+            N,
+            eps,
+            OUT_PAIRS,
+            OUT_INV_DIV,
+            NORM_BLOCK,
+            WARPS,
+        )
 
 
 def launch(
@@ -323,13 +407,25 @@ def launch(
     preload: bool = False,
     trigger: bool = False,
     trigger_at_start: bool = False,
+    x_bf16: bool = False,
+    norm=None,
+    nout: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y [1, N] (gated: [1, N / 2], and its `HalfPairs` into pout) from x's `half_pairs`; `ws` a
-    `GemvWorkspace` (the split-K partials and counters, as the engine's)."""
+    """y [1, N] (gated: [1, N / 2], and its `HalfPairs` into pout) from x's `half_pairs` (x_bf16: from x
+    itself, bf16 [1, K]); `ws` a `GemvWorkspace` (the split-K partials and counters, as the engine's).
+    `norm` (a `NormAfter`): then the residual add + RMSNorm of y into nout (and its pairs into pout)."""
     n, kw = qw.qweight.shape
     assert kw % cfg.block_w == 0 and (not gated or cfg.split_k == 1)
     n_kt = triton.cdiv(kw // cfg.block_w, cfg.split_k)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    if x_bf16:  # read as int32: two values each, the words' layout of the pairs
+        pairs = pairs.view(torch.int32)
+    tail = {}
+    if norm is not None:
+        tail = dict(
+            NORM_TAIL=True, NORM_BLOCK=triton.next_power_of_2(n), res_ptr=norm.residual, nw_ptr=norm.weight,
+            nout_ptr=nout, tail_ptr=ws.tail_counter, eps=norm.eps,
+        )  # fmt: skip
     _staged_kernel[grid](
         qw.qweight, pairs, qw.scales, qw.zeros if qw.zeros is not None else qw.scales,
         bias if bias is not None else qw.scales, y, pout if pout is not None else y, ws.partials, ws.counters,
@@ -338,17 +434,16 @@ def launch(
         SPLIT=cfg.split_k, BN=cfg.block_n, BW=cfg.block_w, WARPS=cfg.warps, GROUP_W=qw.group_size // 8,
         NKT_PAD=triton.next_power_of_2(n_kt), PREFETCH=cfg.prefetch, GATED=gated, OUT_PAIRS=pout is not None,
         OUT_INV_DIV=out_inv_div, PRELOAD=preload, TRIGGER=trigger, TRIGGER_START=trigger and trigger_at_start,
-        num_warps=cfg.warps,
-        **({"launch_pdl": True} if preload else {}),
+        X_BF16=x_bf16, **tail, num_warps=cfg.warps, **({"launch_pdl": True} if preload else {}),
     )  # fmt: skip
-    return y
+    return nout if norm is not None else y
 
 
 def install() -> None:
-    """Route the engine's f16x2 GEMVs that read the producer's pairs (decode's QKV, gated gate/up and down
-    at batch 1; not o, whose input is the attention's bf16 row, nor a norm tail) to the staged kernel, at
-    the launch shape the engine chose for them, with the same PDL options. For `python -c` A/B runs of
-    `qwick bench latency` (`gpu_session.sh stagedab`)."""
+    """Route the engine's batch-1 f16x2 GEMVs (decode's QKV, o with its norm tail, gated gate/up and down)
+    to the staged kernel, at the launch shape the engine chose for them, with the same PDL options; x is
+    the producer's pairs, or bf16 (o's input, the attention's row) paired once per program. For `python -c`
+    A/B runs of `qwick bench latency` (`gpu_session.sh stagedab`)."""
     from qwick.kernels import row_gemv_half2 as h
     from qwick.kernels.pdl import pdl_supported
     from qwick.layers.linear import PairedRows
@@ -359,63 +454,89 @@ def install() -> None:
                 trigger_at_start=False):  # fmt: skip
         n, k = weight.shape
         cfg = config or h.default_half2_config(n, k // 8, ws.num_sms)
-        if pairs is None or norm is not None or not x.is_cuda or cfg.max_registers:
+        x_bf16 = pairs is None and x.dtype == torch.bfloat16 and weight.perm is None
+        if not (pairs is not None or x_bf16) or not x.is_cuda or cfg.max_registers or cfg.block_k % 4:
             return original(
                 x, weight, bias, ws, config, pairs, gated, out_pairs, norm, preload, trigger, trigger_at_start
             )
+        src = x.contiguous() if x_bf16 else pairs.contiguous()
         y = torch.empty((1, n // 2 if gated else n), dtype=x.dtype, device=x.device)
         p = torch.empty((1, y.shape[1] // 2), dtype=torch.int32, device=x.device) if out_pairs else None
+        nout = torch.empty_like(y) if norm is not None else None
         pdl = pdl_supported(x.device)
-        launch(
-            weight, pairs.contiguous(), y, StagedConfig(cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps,
-            cfg.prefetch), ws, bias, gated, p, 1.0 / out_pairs.x_div if out_pairs else 1.0, preload and pdl,
-            trigger and pdl, trigger_at_start,
+        out = launch(
+            weight, src, y, StagedConfig(cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.prefetch),
+            ws, bias, gated, p, 1.0 / out_pairs.x_div if out_pairs else 1.0, preload and pdl, trigger and pdl,
+            trigger_at_start, x_bf16, norm, nout,
         )  # fmt: skip
-        return PairedRows(y, p) if out_pairs is not None else y
+        return PairedRows(out, p) if out_pairs is not None else out
 
     h._launch = _launch
 
 
 def check() -> None:
     """The staged launches of the engine's calls against the f16x2 kernel's, on one GPU: QKV (bias, split
-    8), gate/up (gated, with the output's pairs), down (split 8, prefetch) and a symmetric weight (a
-    constant zero point), each launched plainly and then with PDL's preload and trigger (what is compared
-    is the second). Prints the largest difference and the share of equal elements; exits 1 if a relative
-    error passes 2e-3."""
+    8), o (bf16 input, the residual add + RMSNorm in its tail, with the pairs), gate/up (gated, with the
+    output's pairs), down (split 8, prefetch) and a symmetric weight (a constant zero point), each launched
+    plainly and then with PDL's preload and trigger (what is compared is the second). Prints the relative
+    error, the largest difference and the share of equal elements; exits 1 if a relative error passes 2e-3."""
     from qwick.kernels import row_gemv_half2 as h
-    from qwick.layers.linear import HalfPairs
+    from qwick.layers.linear import HalfPairs, NormAfter
     from qwick.quantization.formats import rtn
 
     dev = torch.device("cuda")
     ws = workspace(dev)
     torch.manual_seed(0)
     failed = False
-    cases = [("qkv+bias", 4608, 3584, True, False, False), ("gate_up gated", 37888, 3584, False, True, False)]
-    cases += [("down", 3584, 18944, False, False, False), ("o symmetric", 3584, 3584, False, False, True)]
-    for name, n, k, has_bias, gated, symmetric in cases:
+    cases = [
+        ("qkv+bias", 4608, 3584, "bias"),
+        ("o normed", 3584, 3584, "norm"),
+        ("gate_up", 37888, 3584, "gated"),
+    ]
+    cases += [("down", 3584, 18944, ""), ("o symmetric", 3584, 3584, "symmetric")]
+    for name, n, k, kind in cases:
         qw = rtn.quantize(torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5, group_size=128)
-        if symmetric:
+        if kind == "symmetric":
             qw = replace(qw, zeros=None, zero_point=8)
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
-        bias = torch.randn(n, device=dev, dtype=torch.bfloat16) if has_bias else None
-        pairs = half_pairs(x)
-        out_pairs = HalfPairs(X_DIV) if gated else None
-        ref = h._launch(x, qw, bias, ws, None, pairs, gated, out_pairs)
-        cfg = h.default_half2_config(n, k // 8, ws.num_sms)
-        y = torch.empty_like(ref.x if gated else ref)
-        p = torch.empty_like(ref.pairs) if gated else None
+        bias = torch.randn(n, device=dev, dtype=torch.bfloat16) if kind == "bias" else None
+        gated, normed = kind == "gated", kind == "norm"
+        pairs = None if normed else half_pairs(x)
+        out_pairs = HalfPairs(X_DIV) if gated or normed else None
+        cfg = (
+            h.normed_half2_config(n, k // 8, ws.num_sms)
+            if normed
+            else h.default_half2_config(n, k // 8, ws.num_sms)
+        )
+        res = torch.randn(1, n, device=dev, dtype=torch.bfloat16)
+        nw = torch.randn(n, device=dev, dtype=torch.bfloat16)
+
+        def norm_after(res=res, nw=nw, out_pairs=out_pairs):
+            return NormAfter(nw, 1e-6, res.clone(), out_pairs)
+
+        ref_norm = norm_after() if normed else None
+        ref = h._launch(x, qw, bias, ws, cfg, pairs, gated, out_pairs, ref_norm)
         scfg = StagedConfig(cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.prefetch)
         for pdl in (False, True):  # the second launch finds the counters the first left; PDL: the same sums
-            launch(qw, pairs, y, scfg, ws, bias, gated, p, 1.0 / X_DIV if gated else 1.0, pdl, pdl)
+            norm = norm_after() if normed else None
+            y = torch.empty((1, n // 2 if gated else n), device=dev, dtype=torch.bfloat16)
+            p = torch.empty((1, y.shape[1] // 2), dtype=torch.int32, device=dev) if out_pairs else None
+            nout = torch.empty_like(y) if normed else None
+            out = launch(
+                qw, x if normed else pairs, y, scfg, ws, bias, gated, p, 1.0 / X_DIV if out_pairs else 1.0,
+                pdl, pdl, False, normed, norm, nout,
+            )  # fmt: skip
         torch.cuda.synchronize()
-        outs = [(ref.x, y), (ref.pairs, p)] if gated else [(ref, y)]
-        for what, (a, b) in zip(("y", "pairs"), outs):
+        outs = [(ref.x, out), (ref.pairs, p)] if out_pairs else [(ref, out)]
+        if normed:
+            outs.append((ref_norm.residual, norm.residual))
+        for what, (a, b) in zip(("y", "pairs", "residual"), outs):
             if what == "pairs":  # compare the fp16 values, not the int32 words
                 a, b = a.view(torch.float16), b.view(torch.float16)
             a, b = a.float(), b.float()
             err = ((a - b).norm() / a.norm()).item()
             same = (a == b).float().mean().item()
-            print(f"{name:14s} {what:5s} rel err {err:.2e}, max |diff| {(a - b).abs().max().item():.3e}, "
+            print(f"{name:14s} {what:8s} rel err {err:.2e}, max |diff| {(a - b).abs().max().item():.3e}, "
                   f"{100 * same:.2f}% equal", flush=True)  # fmt: skip
             failed |= not err <= 2e-3
     sys.exit(1 if failed else 0)
@@ -453,6 +574,8 @@ def offline() -> None:
     variants.append(("qkv, engine", 4608, 3584, StagedConfig(split_k=8), engine))
     engine = dict(GATED=True, OUT_PAIRS=True, OUT_INV_DIV=1 / X_DIV, PRELOAD=True, TRIGGER=True)
     variants.append(("gate_up, engine", 37888, 3584, StagedConfig(), engine))
+    engine = dict(X_BF16=True, NORM_TAIL=True, NORM_BLOCK=4096, OUT_PAIRS=True, OUT_INV_DIV=1 / X_DIV)
+    variants.append(("o, engine", 3584, 3584, StagedConfig(64, 32, 8, 8), engine | dict(PRELOAD=True)))
     engine = dict(PRELOAD=True, TRIGGER=True, ZERO_MODE=0, ZERO_POINT=8)  # a symmetric weight
     variants.append(("down, engine", 3584, 18944, StagedConfig(split_k=8, warps=2, prefetch=True), engine))
     for name, _n, k, cfg, extra in variants:
@@ -460,7 +583,14 @@ def offline() -> None:
         sig = {"qw_ptr": "*i32", "p_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16"}
         sig |= {"y_ptr": "*bf16", "pout_ptr": "*i32", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
         sig |= {a: "i32" for a in ("N", "stride_qn", "stride_sn", "n_quads", "n_kt")}
-        const = dict(ZERO_POINT=0, ZERO_MODE=1, HAS_BIAS=False, GATED=False, OUT_PAIRS=False, OUT_INV_DIV=1.0)
+        norm = {"res_ptr": "*bf16", "nw_ptr": "*bf16", "nout_ptr": "*bf16", "tail_ptr": "*i32"}
+        if not extra.get("NORM_TAIL"):
+            norm = dict.fromkeys(norm, "constexpr")
+        sig |= norm | {"eps": "fp32"}
+        const = {n: None for n, t in norm.items() if t == "constexpr"}
+        const |= dict(
+            ZERO_POINT=0, ZERO_MODE=1, HAS_BIAS=False, GATED=False, OUT_PAIRS=False, OUT_INV_DIV=1.0
+        )
         const |= dict(PRELOAD=False, TRIGGER=False, SPLIT=cfg.split_k, BN=cfg.block_n, BW=cfg.block_w)
         const |= dict(
             WARPS=cfg.warps, GROUP_W=16, NKT_PAD=triton.next_power_of_2(n_kt), PREFETCH=cfg.prefetch
