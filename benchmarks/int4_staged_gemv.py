@@ -168,7 +168,8 @@ def _pairs_of_bf16(raw, NKT_PAD: gl.constexpr, C: gl.constexpr):
     d0, d1, d2, d3 = gl.inline_asm_elementwise(
         _XPAIRS, "=r,=r,=r,=r,r,r,r,r", [a0, b0, a1, b1], dtype=(gl.int32,) * 4, is_pure=True, pack=1
     )
-    out = gl.reshape(gl.join(gl.join(d0, d1), gl.join(d2, d3)), [NKT_PAD, C, 16])
+    # join's new index is the last: (d0, d2) inner, then outer, flattens to d0, d1, d2, d3
+    out = gl.reshape(gl.join(gl.join(d0, d2), gl.join(d1, d3)), [NKT_PAD, C, 16])
     return gl.permute(out, [2, 0, 1])
 
 
