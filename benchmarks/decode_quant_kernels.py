@@ -41,10 +41,6 @@ def main() -> None:
         for warps in (4, 8, 16, 32):
             us = graph_us(lambda q=quant, nw=warps: rms_norm(x, w, 1e-6, res, q, num_warps=nw))
             print(f"{'rms_norm + residual + ' + name + f' codes, {warps} warps':44s} {us:6.2f}")
-        for group, warps in ((256, 16), (256, 32), (512, 16)):  # a scale per group (`decode_norm_group`)
-            grouped = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, group)
-            us = graph_us(lambda q=grouped, nw=warps: rms_norm(x, w, 1e-6, res, q, num_warps=nw))
-            print(f"{'rms_norm + residual + ' + name + f' codes per {group}, {warps} warps':44s} {us:6.2f}")
         for group in (256, 512, 1024):  # a scale per group of columns, one program per group
             grouped = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, group)
             us = graph_us(lambda q=grouped: silu_and_mul(h, q))

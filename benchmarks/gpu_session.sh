@@ -1106,28 +1106,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       done
     done
     ;;
-  normgroup)  # the RMSNorms' decode codes with a scale per 256 columns (`W8A8LinearMethod.decode_norm_group`,
-    # 55th session): each group's absmax within one warp, where a scale per row takes a second reduction
-    # across the norm's 32 warps; the LM head's rows quantized per 256 columns too. The norm alone in a
-    # CUDA graph, fp8 and int8 batch 1 with one scale per row (the default while untimed) and with groups
-    # (`decode_norm_group = 256`), alternating (REPS_LIST), then the GPU tests of what it touches
-    python benchmarks/decode_quant_kernels.py 2>&1 | grep -E "kernel|rms_norm" | tee "$OUT/normgroup_kernels.log"
-    for i in ${REPS_LIST:-1 2}; do
-      for q in int8 fp8; do
-        GRP="import sys; from qwick.quantization.w8a8 import W8A8LinearMethod as W; W.decode_norm_group = 256
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-        REPS_LIST=$i alternate "b1_${q}_rows" "b1_${q}_groups" "$GRP" bench latency --num-iters 3 \
-          --shape qwen2.5-7b $SHORT --quantization "$q"
-      done
-    done
-    python -m pytest -q -p no:cacheprovider tests/kernels/test_elementwise.py tests/kernels/test_w8a8_kernels.py \
-      tests/quantization/test_w8a8_layer.py -k "group or gated_w8a8 or preloaded or input_quant or fused_row or lm_head" \
-      2>&1 | tail -4
-    ;;
-  normgroupgpu)  # the model-level GPU tests the grouped norm codes touch (after `normgroup`)
-    python -m pytest -q -p no:cacheprovider tests/quantization/test_w8a8_gpu.py tests/runner/test_cuda_graphs.py \
-      2>&1 | tail -4
-    ;;
   gatedprof)  # where the gated W8A8 gate/up launch's time goes (52nd session, H100: int8 +1.6%, fp8 -0.5%):
     # the batch-1 step's critical path (`decode_step_profile.py`, `critical_path.py`), fp8 and int8, with
     # `gated_decode` off and on; the logs and traces in $OUT
@@ -1324,7 +1302,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|stagedab|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|normgroup|normgroupgpu|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|stagedab|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac

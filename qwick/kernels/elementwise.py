@@ -53,7 +53,6 @@ def _rms_norm_kernel(
     stride_res,
     stride_out,
     stride_q,
-    stride_s,
     stride_p,
     N,
     eps,
@@ -69,7 +68,6 @@ def _rms_norm_kernel(
     PDL_TRIGGER: tl.constexpr,
     PDL_WAIT: tl.constexpr,
     W_WITH_X: tl.constexpr,
-    CODES_GROUP: tl.constexpr,
 ):
     if PDL_TRIGGER:  # the next kernel may launch now (qwick.kernels.pdl: the QKV GEMV's weights)
         pdl_trigger()
@@ -82,7 +80,7 @@ def _rms_norm_kernel(
         w_ptr,
         out_ptr + row * stride_out,
         q_ptr + row * stride_q,
-        s_ptr + row * stride_s,
+        s_ptr + row,
         p_ptr + row * stride_p,
         N,
         eps,
@@ -97,7 +95,6 @@ def _rms_norm_kernel(
         BLOCK,
         "",
         W_WITH_X,
-        CODES_GROUP,
     )
 
 
@@ -123,11 +120,9 @@ def rms_norm_row(
     BLOCK: tl.constexpr,
     X_CACHE: tl.constexpr,
     W_WITH_X: tl.constexpr = True,
-    CODES_GROUP: tl.constexpr = 0,
 ):
     """One row of `rms_norm` (the whole row in one block): x (+ residual, written back), normalized,
-    times the weight, with its codes (a scale per CODES_GROUP columns where that is not 0, else one) or
-    `HalfPairs` if asked. X_CACHE: x's load cache modifier (".cg"
+    times the weight, with its codes or `HalfPairs` if asked. X_CACHE: x's load cache modifier (".cg"
     where other programs of the same launch wrote x: `qwick.kernels.row_gemv_half2`'s norm tail).
     W_WITH_X (`NORM_WEIGHT_WITH_X`): the weight is read with x and the residual, else after the row's sum
     (a load the compiler then keeps behind the reduction's barriers)."""
@@ -148,9 +143,7 @@ def rms_norm_row(
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = (w * normed).to(out_row.dtype.element_ty)
     tl.store(out_row + cols, y, mask=mask)
-    if QUANT and CODES_GROUP > 0:  # the codes and scales of each group, as `quantize_rows(group=)` makes them
-        _store_group_codes(y, q_row, s_ptr, N, QMAX, INV_QMAX, MIN_AMAX, IS_INT, CODES_GROUP)
-    elif QUANT:  # the row's codes and scale, as `quantize_rows` would make them from `out`
+    if QUANT:  # the row's codes and scale, as `quantize_rows` would make them from `out`
         _store_codes(y, q_row + cols, s_ptr, mask, QMAX, INV_QMAX, MIN_AMAX, IS_INT)
     if PAIRS:
         store_half_pairs(y, p_row, 0, N // 8, INV_DIV, BLOCK)
@@ -236,54 +229,6 @@ def _store_codes(
     tl.store(q_ptrs, codes_of(yf, scale, QMAX, IS_INT).to(q_ptrs.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _store_group_codes(
-    y,
-    q_row,
-    s_row,
-    N,
-    QMAX: tl.constexpr,
-    INV_QMAX: tl.constexpr,
-    MIN_AMAX: tl.constexpr,
-    IS_INT: tl.constexpr,
-    GROUP: tl.constexpr,
-):
-    """The codes of the row y [BLOCK] (masked lanes 0) with a scale per GROUP columns, each its group's
-    absmax over qmax: the scales to `s_row`, the codes to `q_row`. Where each warp holds whole groups (for
-    16-bit rows a warp's 256 columns at 8 a thread, `_norm_warps`), the absmax is a reduction within the
-    warp, where a scale per row takes a second one across the block's warps."""
-    BLOCK: tl.constexpr = y.shape[0]
-    G: tl.constexpr = BLOCK // GROUP
-    yg = tl.reshape(y.to(tl.float32), (G, GROUP))
-    offs = tl.arange(0, G)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-    scale = tl.maximum(tl.max(tl.abs(yg), axis=1, keep_dims=True), MIN_AMAX) * INV_QMAX  # [G, 1]
-    # Each group's scale, stored by its first column in the row's own layout: `tl.store` would lay the
-    # scales out afresh and move them there through shared memory (two block-wide barriers, sm_90 SASS
-    # under Triton 3.6); this PTX store leaves every value where it is.
-    first = (offs % GROUP == 0) & (offs < N)
-    where = (s_row + offs // GROUP).to(tl.int64, bitcast=True)
-    _store_where(where, tl.broadcast_to(scale, (G, GROUP)), first)
-    codes = codes_of(yg, scale, QMAX, IS_INT)
-    tl.store(q_row + offs, codes.to(q_row.dtype.element_ty), mask=offs < N)
-
-
-@triton.jit
-def _store_where(address, value, predicate):
-    """`*address = value` (fp32) where `predicate` holds: a global store in PTX, so that Triton keeps the
-    values in the layout they have (elementwise), where `tl.store` may lay them out afresh."""
-    if _EMULATE:  # the interpreter runs no PTX
-        tl.store(address.to(tl.pointer_type(tl.float32), bitcast=True), value, mask=predicate)
-    else:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.f32 [$1], $2; mov.b32 $0, 0; }",
-            "=r,l,f,r",
-            [address, value, predicate.to(tl.int32)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -294,8 +239,7 @@ def rms_norm(
     early: bool = False,
 ) -> torch.Tensor | QuantizedRows:
     """`norm(x)`; with `residual`: `norm(x + residual)`, and `residual` is overwritten with `x + residual`.
-    With `quant`, also the output's per-row codes and scales (`QuantizedRows`), in the same pass, or with
-    a scale per `quant.group` columns (a power of two up to the row's block; else in a launch of its own).
+    With `quant`, also the output's per-row codes and scales (`QuantizedRows`), in the same pass.
     `early`: launched by programmatic dependent launch where the device has it (`qwick.kernels.pdl`), so
     it may start while a kernel before that lets it in still runs; it waits for that kernel to end first.
 
@@ -303,15 +247,12 @@ def rms_norm(
     `num_warps` overrides the launch's (`_norm_warps`): one program per row, `N / 256` warps up to 8;
     with `quant`, `N / 128` up to 32 for at most 256 rows, where the row's two reductions are latency (at
     one 3584-wide row on the H200 2.8-3.0 us with 32 warps against 4.4-4.7 with 8, plain 1.45 us;
-    benchmarks/decode_quant_kernels.py, in a CUDA graph), and `N / 256` up to 16 beyond; with groups,
-    `N / 256` up to 32 (a warp's 256 columns hold whole groups of 256).
+    benchmarks/decode_quant_kernels.py, in a CUDA graph), and `N / 256` up to 16 beyond.
     """
     rows, n = x.shape
     half_pairs = quant if isinstance(quant, HalfPairs) else None
     quant = None if half_pairs is not None else quant
-    block = triton.next_power_of_2(n)
-    group = quant.group if quant is not None else None
-    if group is not None and (group > block or group & (group - 1)):  # a launch of its own
+    if quant is not None and quant.group is not None:  # not written in this kernel: a launch of its own
         from qwick.kernels.w8a8 import quantize_rows
 
         out = rms_norm(x, weight, eps, residual, num_warps=num_warps, early=early)
@@ -321,6 +262,7 @@ def rms_norm(
     codes, scales, meta = code_buffers(out, quant)
     pairs, pair_meta = _pairs_buffer(out, half_pairs)
     if rows > 0:
+        block = triton.next_power_of_2(n)
         res = residual if residual is not None else x
         pdl = pdl_supported(x.device)
         _rms_norm_kernel[(rows,)](
@@ -335,7 +277,6 @@ def rms_norm(
             res.stride(0),
             out.stride(0),
             codes.stride(0),
-            scales.stride(0),
             pairs.stride(0),
             n,
             eps,
@@ -345,15 +286,14 @@ def rms_norm(
             PDL_TRIGGER=pdl,
             PDL_WAIT=early and pdl,
             W_WITH_X=NORM_WEIGHT_WITH_X,
-            CODES_GROUP=group or 0,
-            num_warps=num_warps or _norm_warps(block, rows, quant is not None, group is not None),
+            num_warps=num_warps or _norm_warps(block, rows, quant is not None),
             **meta,
             **pair_meta,
             **({"launch_pdl": True} if early and pdl else {}),
         )
     if half_pairs is not None:
         return PairedRows(out, pairs)
-    return out if quant is None else QuantizedRows(out, codes, scales, group)
+    return out if quant is None else QuantizedRows(out, codes, scales)
 
 
 def _pairs_buffer(out: torch.Tensor, half_pairs: HalfPairs | None) -> tuple[torch.Tensor, dict]:
@@ -367,15 +307,11 @@ def _pairs_buffer(out: torch.Tensor, half_pairs: HalfPairs | None) -> tuple[torc
     return pairs, {"PAIRS": True, "INV_DIV": 1.0 / half_pairs.x_div}
 
 
-def _norm_warps(block: int, rows: int, codes: bool, grouped: bool = False) -> int:
+def _norm_warps(block: int, rows: int, codes: bool) -> int:
     """Warps per row of RMSNorm: `block / 256` up to 8; with codes, `block / 128` up to 32 for at most 256
     rows (the row's two reductions are latency there) and `block / 256` up to 16 beyond. With codes at
     3584 columns on the H200 (benchmarks/row_quant_launch.py, us in a CUDA graph): 2.9 / 4.1 us at 64 / 256
-    rows on 32 warps against 4.6 / 5.3 on 8, 21.4 / 74.5 us at 2048 / 8192 rows on 16 against 24.4 / 80.2.
-    With codes in groups, `block / 256` up to 32 at most 256 rows: 8 columns a thread (one 16-byte load of
-    16-bit values), so that a warp holds 256 whole columns and a group's absmax stays within it."""
-    if codes and grouped:
-        return max(min(block // 256, 32 if rows <= 256 else 16), 1)
+    rows on 32 warps against 4.6 / 5.3 on 8, 21.4 / 74.5 us at 2048 / 8192 rows on 16 against 24.4 / 80.2."""
     if codes:
         return max(min(block // 128, 32), 1) if rows <= 256 else max(min(block // 256, 16), 1)
     return max(min(block // 256, 8), 1)

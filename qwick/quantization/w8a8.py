@@ -146,15 +146,6 @@ class W8A8LinearMethod(LinearMethod):
     # 336.9 tok/s (fp8) and 333.6 to 341.9 (int8) on the H200 (BENCHMARKS.md, fifth session of 12-01).
     decode_w8a8_max_k = 8192
     decode_group = 512
-    # The decode rows' codes that the RMSNorms write for the QKV and gate/up GEMVs, and those the LM head
-    # quantizes its rows to (`decode_quantize_min_n`): a scale per this many columns (0: one per row).
-    # A group's absmax stays within one warp of the norm (256 columns at 8 a thread), where a scale per
-    # row takes a second reduction across all the norm's warps after the row's sum of squares; the norms
-    # with codes are on the batch-1 step's critical path (3.1-3.3 us each, 56 a step: BENCHMARKS.md, 42nd
-    # session). Every group's scale is at most its row's, so the codes are as accurate or more. Applies
-    # where the GEMV's K tiles divide the groups and the groups divide K. Off until timed and tested on a
-    # GPU (written in the 55th session, which got no machine): 256 turns it on.
-    decode_norm_group = 0
     # Decode-sized inputs that come without codes (the o projection's, the LM head's): W8A16, except in
     # layers with at least this many outputs (LM heads), which quantize the rows in a launch of their own
     # (per token, as at every larger batch) and take codes times codes. There the W8A16 GEMV's conversion
@@ -432,23 +423,12 @@ class W8A8LinearMethod(LinearMethod):
     def input_quant(self, layer: Linear, x: torch.Tensor) -> RowQuant | None:
         if not self._per_token_cuda(layer, x):
             return None
-        n, k = layer.weight.shape
-        if self._skinny(x) and k > self.decode_w8a8_max_k:
+        if self._skinny(x) and layer.weight.shape[1] > self.decode_w8a8_max_k:
             group = self.decode_group
             if group < 256 or group & (group - 1):  # SiLU-and-mul's groups; the GEMV's tiles divide them
                 raise ValueError(f"decode_group must be a power of two of at least 256 (or 0), not {group}")
             return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, group)
-        if self._norm_groups(x, n, k):
-            return RowQuant(self.qdtype, _QMAX[self.qdtype], _MIN_AMAX, self.decode_norm_group)
         return self.row_quant
-
-    def _norm_groups(self, x: torch.Tensor, n: int, k: int) -> bool:
-        """Whether decode-sized rows x of this K take codes with a scale per `decode_norm_group` columns:
-        groups that divide K and that the skinny GEMV's K tiles divide."""
-        group = self.decode_norm_group
-        if not (self._skinny(x) and group and k % group == 0):
-            return False
-        return group % self.workspace.config_for(x.shape[0], n, k, 1, codes=True).block_k == 0
 
     def _early_gemv(self, layer: Linear, x: torch.Tensor, rows: torch.Tensor, **kwargs) -> torch.Tensor:
         """The skinny GEMV of the activation codes `x` against the layer's codes; one decode row
@@ -475,7 +455,7 @@ class W8A8LinearMethod(LinearMethod):
         """With this method's code type in `gated_decode`, one decode row that comes with its codes, for a
         down projection that takes group-scaled codes (`quant`, of this method's type): the W8A8 gate/up
         GEMV with SiLU-and-mul and the codes `quant` asks for in its own launch."""
-        if not (self.qdtype in self.gated_decode and isinstance(x, QuantizedRows)):
+        if not (self.qdtype in self.gated_decode and isinstance(x, QuantizedRows) and x.group is None):
             return None
         if not (isinstance(quant, RowQuant) and quant.group is not None and quant.dtype == self.qdtype):
             return None
@@ -488,17 +468,8 @@ class W8A8LinearMethod(LinearMethod):
         cfg = self.workspace.config_for(1, n, k, 1, codes=True)
         if cfg.split_k != 1 or cfg.block_n % 2 or n % 2 or quant.group % (cfg.block_n // 2):
             return None
-        if x.group is not None and x.group % cfg.block_k:
-            return None
         return self._early_gemv(
-            layer,
-            x.codes,
-            rows,
-            x_scale=x.scales,
-            x_group=x.group,
-            out_dtype=rows.dtype,
-            gated=True,
-            out_quant=quant,
+            layer, x.codes, rows, x_scale=x.scales, out_dtype=rows.dtype, gated=True, out_quant=quant
         )
 
     def apply_quantized(self, layer: Linear, x: QuantizedRows) -> torch.Tensor:
@@ -549,9 +520,8 @@ class W8A8LinearMethod(LinearMethod):
             from qwick.kernels.pdl import pdl_supported
 
             scale = self.weight_scale(layer)
-            if codes is None and self._quantizes_decode_rows(n, k):  # the LM head's rows
-                group = self.decode_norm_group if self._norm_groups(x, n, k) else None
-                codes = self._quantize_x(x, group)  # groups: one program each, where a row takes two passes
+            if codes is None and self._quantizes_decode_rows(n, k):
+                codes = self._quantize_x(x)
             if codes is None and self._row_gemv(x, n, k):
                 from qwick.kernels.row_gemv_w8 import w8_row_gemv
 

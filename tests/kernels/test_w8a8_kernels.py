@@ -154,20 +154,15 @@ def test_gpu_one_o_projection_row_takes_the_row_gemv(mode, early, monkeypatch):
 @pytest.mark.parametrize("m", [1, 16])
 def test_gpu_decode_lm_head_quantizes_its_rows(mode, m, monkeypatch):
     """An LM-head-sized layer (qwen2.5-7b's 152064 x 3584) given decode-sized rows without codes quantizes
-    them itself, with a scale per `decode_norm_group` columns (here 256; per token with 0), and multiplies
-    codes by codes (W8A8); with `decode_quantize_min_n` above its width it multiplies the rows as they are
-    (W8A16)."""
+    them per token itself and multiplies codes by codes (W8A8), the function of every larger batch; with
+    `decode_quantize_min_n` above its width it multiplies the rows as they are (W8A16)."""
     device = _cuda()
     layer = _layer(mode, 152064, 3584, device)
     x = torch.randn(m, 3584, device=device, generator=torch.Generator(device=device).manual_seed(m))
     x = (x * torch.linspace(0.1, 3, 3584, device=device)).to(torch.bfloat16)
     w = layer.method.dense_weight(layer).double()
-    group = 256
-    monkeypatch.setattr(W8A8LinearMethod, "decode_norm_group", group)
-    xq, xs = quantize_per_token_group(x, layer.method.qdtype, group)
-    grouped = (xq.double() * xs.double().repeat_interleave(group, dim=1)) @ w.T + layer.bias.double()
     xq, xs = quantize_per_token(x, layer.method.qdtype)
-    per_token = (xq.double() * xs.double()) @ w.T + layer.bias.double()
+    w8a8 = (xq.double() * xs.double()) @ w.T + layer.bias.double()
     w8a16 = x.double() @ w.T + layer.bias.double()
 
     def check(y: torch.Tensor, ref: torch.Tensor, other: torch.Tensor) -> None:
@@ -175,13 +170,9 @@ def test_gpu_decode_lm_head_quantizes_its_rows(mode, m, monkeypatch):
         assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
         assert ((y.double() - other).norm() / other.norm()).item() > 1e-3  # not the other function
 
-    check(layer(x), grouped, w8a16)
-    assert ((layer(x).double() - grouped).norm() / (layer(x).double() - per_token).norm()).item() < 0.5
-    monkeypatch.setattr(W8A8LinearMethod, "decode_norm_group", 0)
-    check(layer(x), per_token, w8a16)
-    assert ((layer(x).double() - per_token).norm() / (layer(x).double() - grouped).norm()).item() < 0.5
+    check(layer(x), w8a8, w8a16)
     monkeypatch.setattr(W8A8LinearMethod, "decode_quantize_min_n", 1 << 30)
-    check(layer(x), w8a16, per_token)
+    check(layer(x), w8a16, w8a8)
 
 
 @pytest.mark.parametrize("mode", ["fp8", "int8"])
@@ -362,32 +353,26 @@ def test_gemv_on_8bit_codes_both_sides(qdtype, n, k, m):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
-@pytest.mark.parametrize(
-    "n,k,group",
-    [(96, 1536, 512), (40, 1100, 512), (96, 1536, 256)]
-    if INTERPRET
-    else [(3584, 18944, 512), (5120, 13824, 512), (4608, 3584, 256), (37888, 3584, 256)],
-)
+@pytest.mark.parametrize("n,k", [(96, 1536), (40, 1100)] if INTERPRET else [(3584, 18944), (5120, 13824)])
 @pytest.mark.parametrize("m", [1, 3, 16])
-def test_gemv_with_group_scaled_codes(qdtype, n, k, group, m):
-    """W8A8 skinny GEMM with a scale per 512 or 256 columns of x (`x_group`: the down projection's codes
-    from SiLU-and-mul, QKV's and gate/up's from the RMSNorms): each tile's sums scaled by its group's
-    scale; split-K launches; a partial last group (1100); a second call; tiles deeper than a group are
-    refused."""
+def test_gemv_with_group_scaled_codes(qdtype, n, k, m):
+    """W8A8 skinny GEMM with a scale per 512 columns of x (`x_group`): each tile's sums scaled by its
+    group's scale; split-K launches; a partial last group (1100); a second call; tiles deeper than a
+    group are refused."""
     from qwick.kernels.gemv import GemvConfig, gemv
 
     dev, out_dtype, tol, ws, gen, wq, wscale, bias, configs = _w8a8_gemv_case(qdtype, n, k, m)
-    codes = dict(weight_scale=wscale, out_dtype=out_dtype, x_group=group)
     for cfg in configs:
         for _ in range(2):
             x = torch.randn(m, k, generator=gen, device=dev) * torch.linspace(0.1, 5, k, device=dev)
-            xq, xs = quantize_per_token_group(x, qdtype, group)
-            y = gemv(xq, wq, bias, ws, cfg, x_scale=xs, **codes)
-            x_deq = xq.double() * xs.double().repeat_interleave(group, dim=1)[:, :k]
+            xq, xs = quantize_per_token_group(x, qdtype, 512)
+            y = gemv(xq, wq, bias, ws, cfg, weight_scale=wscale, x_scale=xs, out_dtype=out_dtype, x_group=512)
+            x_deq = xq.double() * xs.double().repeat_interleave(512, dim=1)[:, :k]
             ref = (x_deq @ wq.double().T) * wscale.double().view(1, -1) + bias.double()
             _check(y, ref, m, n, out_dtype, tol, cfg)
     with pytest.raises(ValueError, match="divide"):
-        gemv(xq, wq, bias, ws, GemvConfig(16, 1024, 1), x_scale=xs, **codes)
+        gemv(xq, wq, bias, ws, GemvConfig(16, 1024, 1), weight_scale=wscale, x_scale=xs, out_dtype=out_dtype,
+             x_group=512)  # fmt: skip
     assert int(ws.counters.abs().sum()) == 0
 
 
@@ -395,14 +380,11 @@ def test_gemv_with_group_scaled_codes(qdtype, n, k, group, m):
 @pytest.mark.parametrize("qdtype", [FP8_DTYPE, torch.int8])
 @pytest.mark.parametrize("inter,k", [(80, 512)] if INTERPRET else [(18944, 3584), (13824, 5120)])
 @pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("x_group", [None, 256])
-def test_gated_w8a8_gemv_writes_silu_and_muls_group_codes(qdtype, inter, k, m, x_group):
+def test_gated_w8a8_gemv_writes_silu_and_muls_group_codes(qdtype, inter, k, m):
     """`gemv(..., gated=True, out_quant=...)`: the last tile of each group of outputs to finish writes the
     group's codes and scale, bit for bit what `silu_and_mul_quant` with groups writes from the plain GEMV
     (a partial last group under the interpreter), twice in a row (the group counters reset themselves),
-    launched early or not, from activation codes with a scale per row or per 256 columns (as the RMSNorm
-    before writes them at decode sizes); groups that tiles do not divide, and codes of an ungated GEMV,
-    are refused."""
+    launched early or not; groups that tiles do not divide, and codes of an ungated GEMV, are refused."""
     from dataclasses import replace
 
     from qwick.kernels.elementwise import silu_and_mul_quant
@@ -417,12 +399,8 @@ def test_gated_w8a8_gemv_writes_silu_and_muls_group_codes(qdtype, inter, k, m, x
     group = 32 if INTERPRET else 512
     quant = RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, group)
     for early in (False, True):  # twice: the group counters reset themselves
-        x = torch.randn(m, k, generator=gen, device=dev)
-        if x_group is None:
-            xq, xs = quantize_per_token(x, qdtype)
-        else:
-            xq, xs = quantize_per_token_group(x, qdtype, x_group)
-        codes = dict(weight_scale=wscale, x_scale=xs, out_dtype=out_dtype, x_group=x_group)
+        xq, xs = quantize_per_token(torch.randn(m, k, generator=gen, device=dev), qdtype)
+        codes = dict(weight_scale=wscale, x_scale=xs, out_dtype=out_dtype)
         want = silu_and_mul_quant(gemv(xq, wq, bias, ws, cfg, **codes), quant)
         got = gemv(xq, wq, bias, ws, cfg, **codes, gated=True, out_quant=quant, preload=early, trigger=early)
         assert got.group == group and torch.equal(got.x, want.x) and torch.equal(got.scales, want.scales)

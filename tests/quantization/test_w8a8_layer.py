@@ -317,8 +317,8 @@ def test_quantized_rows_on_the_cpu_take_the_plain_path():
 @pytest.mark.parametrize("qdtype", QDTYPES)
 def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
     """Codes are asked for exactly where `_apply_cuda` takes them: at decode sizes in bf16 only with
-    `decode_w8a8` (else the W8A16 skinny GEMM), per group of columns there for long inputs and for those
-    that `decode_norm_group` divides; not for block scales, not for weight-only methods."""
+    `decode_w8a8` (else the W8A16 skinny GEMM), per group of columns for long inputs there; not for block
+    scales, not for weight-only methods."""
     from qwick.layers.linear import RowQuant
     from qwick.quantization.w8a8 import _MIN_AMAX, qmax
 
@@ -330,16 +330,7 @@ def test_input_quant_asks_for_codes_where_cublas_runs(qdtype):
     layer = _layer(method, 288, 320, bias=False, dtype=torch.bfloat16).cuda()
     method.workspace = shared_workspace(torch.device("cuda"))  # what loading on the GPU sets up
     rows = lambda m, dtype=torch.bfloat16: torch.zeros(m, 320, dtype=dtype, device="cuda")  # noqa: E731
-    assert layer.input_quant(rows(16)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)  # 320: no groups of 256
-    wide = W8A8LinearMethod(qdtype, checkpoint=False)  # K a multiple of `decode_norm_group`: its groups
-    wide.decode_norm_group = 256
-    wide_layer = _layer(wide, 288, 512, bias=False, dtype=torch.bfloat16).cuda()
-    wide.workspace = method.workspace
-    wide_rows = lambda m: torch.zeros(m, 512, dtype=torch.bfloat16, device="cuda")  # noqa: E731
-    assert wide_layer.input_quant(wide_rows(16)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX, 256)
-    assert wide_layer.input_quant(wide_rows(17)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
-    wide.decode_norm_group = 0
-    assert wide_layer.input_quant(wide_rows(16)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
+    assert layer.input_quant(rows(16)) == RowQuant(qdtype, qmax(qdtype), _MIN_AMAX)
     long_k = W8A8LinearMethod(qdtype, checkpoint=False)  # a down projection: group scales at decode sizes
     long_layer = _layer(long_k, 64, 12288, bias=False, dtype=torch.bfloat16).cuda()
     long_k.workspace = method.workspace
