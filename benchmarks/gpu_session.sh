@@ -1086,6 +1086,24 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     alternate b1_int4_f16x2 b1_int4_staged "$STAGED" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT \
       --quantization int4
     ;;
+  qkvshape)  # the W8A8 QKV GEMV's launch shape in the engine (56th session, H100: the default 64 x 256 split 4
+    # 350.2 tok/s, split 8 340.2, 32 rows 348.9, 32 rows split 8 339.2): Q (default int8) batch 1 with the
+    # default, then with `gemv.default_config` patched for the 7b QKV codes GEMV (rows,split in SHAPES)
+    run "qkv_default" $LAT --shape qwen2.5-7b $SHORT --quantization "${Q:-int8}" --output-json "$OUT/qkv_default.json"
+    for v in ${SHAPES:-64,8 32,4 32,8}; do
+      P="import sys
+import qwick.kernels.gemv as G
+orig = G.default_config
+def dc(m, n, k, sms, w_bytes=2, codes=False):
+    if codes and m == 1 and n == 4608 and k == 3584:
+        return G.GemvConfig(${v%,*}, 256, ${v#*,}, num_stages=3)
+    return orig(m, n, k, sms, w_bytes, codes)
+G.default_config = dc
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+      run "qkv_$v" python -c "$P" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization "${Q:-int8}" \
+        --output-json "$OUT/qkv_$v.json"
+    done
+    ;;
   widetiles)  # the f16x2 int4 GEMV in 64-word tiles beside the default 32 (`benchmarks/int4_wide_tiles.py`,
     # CUDA graphs over L2-overflowing copies): one bar.sync pair a program per 1,024 code bytes, not 512
     python benchmarks/int4_wide_tiles.py "$OUT/int4_wide_tiles.json" 2>&1 | grep -v Warning
@@ -1302,7 +1320,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|stagedab|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|stagedab|qkvshape|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac
