@@ -1211,6 +1211,28 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" bench late
         --shape qwen2.5-7b $SHORT --quantization $q
     done
     ;;
+  int4coreside)  # int4's decode attention adds 5.45 us a layer against 3.6-4.0 in the 8-bit modes (56th session's
+    # critical path, H100). Its early launch (8 warps, 236-255 registers a thread, ~60K of an SM's 64K) finds
+    # no SM with room while the int4 QKV GEMV's 1,152 programs (9 an SM at 54 registers) still run. With
+    # QKV split 4 (576 programs, ~4.4 an SM) and the attention on 4 warps (~32K), both fit one SM. int4
+    # batch 1: the default, QKV split 4, both, alternating (REPS_LIST)
+    QKV4="import sys; import qwick.kernels.row_gemv_half2 as H
+from qwick.kernels.row_gemv import RowGemvConfig
+orig = H.default_half2_config
+H.default_half2_config = lambda n, kw, sms: RowGemvConfig(32, 32, 4) if (n, kw) == (4608, 448) else orig(n, kw, sms)"
+    W4="from qwick.layers.attention import triton_backend as T
+T.DECODE_PRELOAD_TILE = {'BLOCK_N': 256, 'num_warps': 4, 'num_stages': 1}"
+    MAIN="from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    for i in ${REPS_LIST:-1 2}; do
+      run "b1_int4_default_$i" $LAT --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/b1_int4_default_$i.json"
+      run "b1_int4_qkv4_$i" python -c "$QKV4
+$MAIN" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4 --output-json "$OUT/b1_int4_qkv4_$i.json"
+      run "b1_int4_qkv4_attn4w_$i" python -c "$QKV4
+$W4
+$MAIN" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4 \
+        --output-json "$OUT/b1_int4_qkv4_attn4w_$i.json"
+    done
+    ;;
   fp8pdl)  # the fp8 o projection's row GEMV launched early after decode attention, its first two tiles
     # preloaded (`W8A8LinearMethod.pdl_preload`, off): fp8 batch 1 with it and without, alternating
     # (FP8PDL_AB_ONLY=1: that alone), the fp8 greedy check with it, its kernel tests
@@ -1320,7 +1342,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|stagedab|qkvshape|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|stagedab|qkvshape|int4coreside|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac
