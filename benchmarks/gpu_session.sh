@@ -1233,6 +1233,29 @@ $MAIN" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4
         --output-json "$OUT/b1_int4_qkv4_attn4w_$i.json"
     done
     ;;
+  recipcodes)  # activation codes by the scale's reciprocal and an fma correction (`codes_of`, 57th session;
+    # the same bits as the per-element IEEE division before): int8 / fp8 batch 1 with it, with the division
+    # put back (`norm_codes_ablation.use_division`) and (int8) with the norm on 16 warps, alternating
+    # (REPS_LIST); then the codes kernels' GPU tests, the one-row norm ablation and the codes kernels alone
+    DIV="import sys; import benchmarks.norm_codes_ablation as A; A.use_division()
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    W16="import sys; import qwick.kernels.elementwise as E
+orig = E._norm_warps
+E._norm_warps = lambda block, rows, codes: 16 if codes and rows <= 256 else orig(block, rows, codes)
+from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
+    B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT"
+    for i in ${REPS_LIST:-1 2}; do
+      for q in int8 fp8; do
+        run "b1_${q}_recip_$i" $CLI $B1 --quantization $q --output-json "$OUT/b1_${q}_recip_$i.json"
+        run "b1_${q}_div_$i" python -c "$DIV" $B1 --quantization $q --output-json "$OUT/b1_${q}_div_$i.json"
+      done
+      run "b1_int8_recip_w16_$i" python -c "$W16" $B1 --quantization int8 --output-json "$OUT/b1_int8_recip_w16_$i.json"
+    done
+    timeout 200 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
+      tests/kernels/test_elementwise.py -k "codes or quant or bit_identical or gated or norm" 2>&1 | tail -4
+    timeout 120 python benchmarks/norm_codes_ablation.py 2>&1 | tee "$OUT/norm_ablation.txt" | tail -30
+    timeout 100 python benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant.txt" | tail -30
+    ;;
   fp8pdl)  # the fp8 o projection's row GEMV launched early after decode attention, its first two tiles
     # preloaded (`W8A8LinearMethod.pdl_preload`, off): fp8 batch 1 with it and without, alternating
     # (FP8PDL_AB_ONLY=1: that alone), the fp8 greedy check with it, its kernel tests
@@ -1343,7 +1366,7 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     python benchmarks/int4_stream_diag.py "$OUT/int4_stream_diag.json" 2>&1 | tee "$OUT/int4_stream_diag.log"
     ;;
   *)
-    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|stagedab|qkvshape|int4coreside|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
+    echo "usage: $0 kernels|tests|latency|targets|fusedsweep|long|tput|models|attn|profile|decode8|int4|order|rope|w3prof|gaps|defer|pairs|int4diag|half2sass|widetiles|tilewarps|ring|staged|stagedab|qkvshape|int4coreside|recipcodes|fused33|fused33ab|fused33quick|fused33bf16|normedfix|pdl36|pdlmlp|w8chain|attnpreload|fp8pdl|int8pdl|int8bits|stepends|headgraph|headprof|tiles32|w8row|int4shapes|int8row|kvlayout|outrows|outrows_ab|outrows_fix|outrows_rev|outrows_w3|w3hf|hfrows|longprefill|next|next2|shortgraphs|lmhead|headdefault|stage3ttft|int4head|w3kv|shortdecode|int4mid|int4mid_e2e|int4tiles|int4small_e2e|int4pipe_e2e|int4ttft|int4models|int4half" >&2
     exit 2
     ;;
 esac
