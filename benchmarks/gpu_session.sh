@@ -1234,9 +1234,13 @@ $MAIN" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4
     done
     ;;
   recipcodes)  # activation codes by the scale's reciprocal and an fma correction (`codes_of`, 57th session;
-    # the same bits as the per-element IEEE division before): int8 / fp8 batch 1 with it, with the division
-    # put back (`norm_codes_ablation.use_division`) and (int8) with the norm on 16 warps, alternating
-    # (REPS_LIST); then the codes kernels' GPU tests, the one-row norm ablation and the codes kernels alone
+    # the same bits as the per-element IEEE division before): the codes kernels' GPU tests, the one-row norm
+    # ablation and the codes kernels alone; then int8 / fp8 batch 1 with it, with the division put back
+    # (`norm_codes_ablation.use_division`) and (int8) with the norm on 16 warps, alternating (REPS_LIST)
+    timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
+      tests/kernels/test_elementwise.py -k "codes or quant or bit_identical or gated or norm" 2>&1 | tail -4
+    timeout 60 python benchmarks/norm_codes_ablation.py 2>&1 | tee "$OUT/norm_ablation.txt" | tail -30
+    timeout 60 python benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant.txt" | tail -30
     DIV="import sys; import benchmarks.norm_codes_ablation as A; A.use_division()
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     W16="import sys; import qwick.kernels.elementwise as E
@@ -1251,10 +1255,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
       done
       run "b1_int8_recip_w16_$i" python -c "$W16" $B1 --quantization int8 --output-json "$OUT/b1_int8_recip_w16_$i.json"
     done
-    timeout 200 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
-      tests/kernels/test_elementwise.py -k "codes or quant or bit_identical or gated or norm" 2>&1 | tail -4
-    timeout 120 python benchmarks/norm_codes_ablation.py 2>&1 | tee "$OUT/norm_ablation.txt" | tail -30
-    timeout 100 python benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant.txt" | tail -30
     ;;
   fp8pdl)  # the fp8 o projection's row GEMV launched early after decode attention, its first two tiles
     # preloaded (`W8A8LinearMethod.pdl_preload`, off): fp8 batch 1 with it and without, alternating
