@@ -22,8 +22,10 @@ def codes_of(x, scale, QMAX: tl.constexpr, IS_INT: tl.constexpr):
 
     The quotient is x times the rounded reciprocal, corrected once (Markstein: the remainder x - q * scale
     by an fma, exact, then q + remainder / scale by another): three full-rate operations an element and
-    one division a thread, where `div_rn` per element took the one-row RMSNorm with codes from 2.2 to 2.7
-    us on 32 warps and from 2.3 to 4.4 on 8 (H100, `benchmarks/norm_codes_ablation.py`, 57th session).
+    one division a thread. `div_rn` per element compiles to a fast path, a call to a slow one and a
+    divergence guard each; the one-row RMSNorm with codes took 2.74 us on 32 warps and 4.44 on 8 with it,
+    2.21 and 2.25 with a bare multiplication in its place (H100, `benchmarks/norm_codes_ablation.py`,
+    57th session; this corrected form was written after that call and has not yet run on a GPU).
     Against IEEE division, over every bf16 and fp16 value x below every bf16 and fp16 absmax from 1e-10
     (int8 and fp8 scales, ~1.9e9 pairs) and 4.2e8 random fp32 values at each qmax: the same quotient, bit for
     bit, except below 4.2e-22 in bf16, where the remainder underflows and every code is 0 either way
