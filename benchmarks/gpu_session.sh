@@ -1239,8 +1239,8 @@ $MAIN" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4
     # (`norm_codes_ablation.use_division`) and (int8) with the norm on 16 warps, alternating (REPS_LIST)
     timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
       tests/kernels/test_elementwise.py -k "codes or quant or bit_identical or gated or norm" 2>&1 | tail -4
-    timeout 60 python benchmarks/norm_codes_ablation.py 2>&1 | tee "$OUT/norm_ablation.txt" | tail -30
-    timeout 60 python benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant.txt" | tail -30
+    timeout 120 python -u benchmarks/norm_codes_ablation.py 2>&1 | tee "$OUT/norm_ablation.txt" | tail -30
+    timeout 90 python -u benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant.txt" | tail -30
     DIV="import sys; import benchmarks.norm_codes_ablation as A; A.use_division()
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     W16="import sys; import qwick.kernels.elementwise as E
