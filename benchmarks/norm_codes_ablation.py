@@ -28,7 +28,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.getcwd())
 from qwick.bench import gpu_timing  # noqa: E402
-from qwick.kernels.codes import codes_of, inv_qmax  # noqa: E402
+from qwick.kernels.codes import _ROUNDER, codes_of, inv_qmax  # noqa: E402
 from qwick.kernels.elementwise import rms_norm  # noqa: E402
 from qwick.layers.linear import RowQuant  # noqa: E402
 from qwick.quantization.w8a8 import _MIN_AMAX, qmax  # noqa: E402
@@ -42,7 +42,7 @@ def codes_by_division(x, scale, QMAX: tl.constexpr, IS_INT: tl.constexpr):
     """`codes_of` until the 57th session: IEEE division per element (the same codes)."""
     q = tl.math.div_rn(x, scale)
     if IS_INT:
-        q = (q + 12582912.0) - 12582912.0
+        q = (q + _ROUNDER) - _ROUNDER
     return tl.minimum(tl.maximum(q, -QMAX), QMAX)
 
 
@@ -107,7 +107,7 @@ def _norm_codes(
             q = codes_by_division(yf, scale, QMAX, True)
         elif MODE == "mul" or MODE == "onepass":
             q = yf * (1.0 / scale)
-            q = (q + 12582912.0) - 12582912.0
+            q = (q + _ROUNDER) - _ROUNDER
             q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
         else:
             q = codes_of(yf, scale, QMAX, True)
