@@ -1234,18 +1234,19 @@ $MAIN" bench latency --num-iters 3 --shape qwen2.5-7b $SHORT --quantization int4
     done
     ;;
   recipcodes)  # activation codes by the scale's reciprocal and an fma correction (`codes_of`, 57th session;
-    # the same bits as the per-element IEEE division before): the codes kernels' GPU tests, the one-row norm
-    # ablation and the codes kernels alone; then int8 / fp8 batch 1 with it, with the division put back
-    # (`norm_codes_ablation.use_division`) and (int8) with the norm on 16 warps, alternating (REPS_LIST)
-    timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_w8a8_kernels.py \
-      tests/kernels/test_elementwise.py -k "codes or quant or bit_identical or gated or norm" 2>&1 | tail -4
-    timeout 120 python -u benchmarks/norm_codes_ablation.py 2>&1 | tee "$OUT/norm_ablation.txt" | tail -30
-    timeout 90 python -u benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant.txt" | tail -30
+    # the same bits as the per-element IEEE division before, -0.0 included since the 58th): the codes
+    # kernels' GPU tests (failures listed), the one-row norm ablation and the codes kernels alone
+    # (RECIP_KERNELS=0 skips those two); then int8 / fp8 batch 1 with it and with the division put back
+    # (`norm_codes_ablation.use_division`), alternating (REPS_LIST). The 57th session's third arm, int8
+    # with the norm on 16 warps, gained 0.1% on an H100 (58th session) and was dropped.
+    timeout 150 python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=no tests/kernels/test_w8a8_kernels.py \
+      tests/kernels/test_elementwise.py -k "codes or quant or bit_identical or gated or norm" 2>&1 \
+      | grep -E "FAILED|ERROR|passed|failed" | tail -30
+    if [ "${RECIP_KERNELS:-1}" = 1 ]; then
+      timeout 120 python -u benchmarks/norm_codes_ablation.py 2>&1 | tee "$OUT/norm_ablation.txt" | tail -30
+      timeout 90 python -u benchmarks/decode_quant_kernels.py 2>&1 | tee "$OUT/decode_quant.txt" | tail -30
+    fi
     DIV="import sys; import benchmarks.norm_codes_ablation as A; A.use_division()
-from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
-    W16="import sys; import qwick.kernels.elementwise as E
-orig = E._norm_warps
-E._norm_warps = lambda block, rows, codes: 16 if codes and rows <= 256 else orig(block, rows, codes)
 from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     B1="bench latency --num-iters 3 --shape qwen2.5-7b $SHORT"
     for i in ${REPS_LIST:-1 2}; do
@@ -1253,7 +1254,6 @@ from qwick.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
         run "b1_${q}_recip_$i" $CLI $B1 --quantization $q --output-json "$OUT/b1_${q}_recip_$i.json"
         run "b1_${q}_div_$i" python -c "$DIV" $B1 --quantization $q --output-json "$OUT/b1_${q}_div_$i.json"
       done
-      run "b1_int8_recip_w16_$i" python -c "$W16" $B1 --quantization int8 --output-json "$OUT/b1_int8_recip_w16_$i.json"
     done
     ;;
   fp8pdl)  # the fp8 o projection's row GEMV launched early after decode attention, its first two tiles

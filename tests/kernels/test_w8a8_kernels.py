@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from qwick.kernels.codes import codes_of
 from qwick.layers.linear import Linear
 from qwick.quantization.w8a8 import (
     FP8_DTYPE,
@@ -503,6 +506,41 @@ def test_codes_of_every_bf16_value_are_torchs(qdtype):
     q_ref, s_ref = quantize_per_token(x, qdtype)
     assert torch.equal(s, s_ref)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@triton.jit
+def _fp8_quotients(x_ptr, s_ptr, q_ptr, N, BLOCK: tl.constexpr):
+    """`codes_of`'s fp32 values at fp8's qmax for rows of x, one scale a row."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * N + cols, mask=cols < N)
+    tl.store(q_ptr + row * N + cols, codes_of(x, tl.load(s_ptr + row), 448.0, False), mask=cols < N)
+
+
+@pytest.mark.interpret
+def test_codes_of_quotients_are_divisions_with_the_sign_of_zero():
+    """`codes_of`'s fp32 quotients at fp8's qmax (before any fp8 conversion, which the interpreter gets
+    wrong) are IEEE division's bit for bit, sign included: -0.0 must stay -0.0, whose fp8 code (0x80) is
+    not +0's. Below 1e-20 (subnormal x, or the remainder underflowing) only the sign must agree: every
+    code there is 0. A first corrected form took the remainder as x - q * scale, which sums +0 and -0 to
+    +0, and passed every int8 test; only the fp8 GPU tests saw it."""
+    from qwick.kernels.codes import inv_qmax
+    from tests.triton_utils import triton_device
+
+    dev = triton_device()
+    finite = torch.arange(0, 0x7F80, 97, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    values = torch.cat([finite, -finite, torch.tensor([0.0, -0.0, 1e-40, -1e-40])])
+    amaxes = torch.tensor([448.0, 1.0, 3.0e38, 1e-10, 7.5])
+    x = torch.where(values.abs() <= amaxes[:, None], values, 0.0).to(dev)
+    x[:, -4:] = torch.tensor([0.0, -0.0, 1e-40, -1e-40])
+    scales = (amaxes * inv_qmax(448.0)).to(dev)
+    q = torch.empty_like(x)
+    _fp8_quotients[(x.shape[0],)](x, scales, q, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+    want = (x / scales[:, None]).clamp(-448.0, 448.0)
+    assert torch.signbit(want[:, -3]).all() and torch.signbit(q[:, -3]).all()
+    tiny = want.abs() < 1e-20  # where the remainder underflows: codes 0 either way, but of the same sign
+    assert torch.equal(q[~tiny].view(torch.int32), want[~tiny].view(torch.int32))
+    assert torch.equal(torch.signbit(q), torch.signbit(want)) and bool((q[tiny].abs() < 1e-20).all())
 
 
 ROWWISE_CASES = (
