@@ -25,7 +25,7 @@ def codes_of(x, scale, QMAX: tl.constexpr, IS_INT: tl.constexpr):
     one division a thread. `div_rn` per element compiles to a fast path, a call to a slow one and a
     divergence guard each; the one-row RMSNorm with codes took 2.74 us on 32 warps and 4.44 on 8 with it,
     2.21 and 2.25 with a bare multiplication in its place (H100, `benchmarks/norm_codes_ablation.py`,
-    57th session); batch 1 gained 0.5% (int8) and 0.6% (fp8) on an H100 (58th session).
+    57th session); batch 1 gained 0.3-0.5% (int8) and 0.6% (fp8) on H100s (58th session).
     The remainder is taken as q * scale - x, not x - q * scale: for x = -0.0 the latter sums +0 and -0
     to +0 and the code comes out +0 (fp8 0x00) where division gives -0 (0x80); Triton's `-x` is 0 - x.
     Against IEEE division, over every bf16 and fp16 value x of either sign up to every bf16 and fp16
