@@ -531,8 +531,7 @@ def test_codes_of_quotients_are_divisions_with_the_sign_of_zero():
     finite = torch.arange(0, 0x7F80, 97, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     values = torch.cat([finite, -finite, torch.tensor([0.0, -0.0, 1e-40, -1e-40])])
     amaxes = torch.tensor([448.0, 1.0, 3.0e38, 1e-10, 7.5])
-    x = torch.where(values.abs() <= amaxes[:, None], values, 0.0).to(dev)
-    x[:, -4:] = torch.tensor([0.0, -0.0, 1e-40, -1e-40])
+    x = torch.where(values.abs() <= amaxes[:, None], values, 0.0).to(dev)  # the last four in every row
     scales = (amaxes * inv_qmax(448.0)).to(dev)
     q = torch.empty_like(x)
     _fp8_quotients[(x.shape[0],)](x, scales, q, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
